@@ -1,0 +1,75 @@
+"""Turning broker bytes into a typed message, or a clear rejection.
+
+Everything here runs before any handler: a body that is too large, not JSON,
+not an envelope, of an unknown type or with an invalid payload is rejected
+with a reason, recorded as a dead letter and acknowledged, so it never blocks
+the messages behind it. Nothing but JSON is ever decoded (no pickle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from pydantic import BaseModel, ValidationError
+
+from consumers.service import HandlerSpec, Service
+from saga.envelope import CONTENT_TYPE, Envelope
+
+
+class Rejection(Exception):
+    """A delivery that cannot be handled, with the reason it was turned away."""
+
+    def __init__(self, error_type: str, message: str, envelope: Envelope | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.envelope = envelope
+
+    @property
+    def message_id(self) -> UUID | None:
+        return self.envelope.message_id if self.envelope else None
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A delivery that passed every check."""
+
+    envelope: Envelope
+    spec: HandlerSpec
+    message: BaseModel
+
+
+def decode(body: bytes, content_type: str | None, service: Service, max_bytes: int) -> Decoded:
+    """Validate ``body`` for ``service``; raise :class:`Rejection` with the reason if unusable."""
+    if len(body) > max_bytes:
+        raise Rejection("MessageTooLarge", f"body of {len(body)} bytes is over {max_bytes}")
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type != CONTENT_TYPE:
+        raise Rejection(
+            "ContentTypeRejected",
+            f"content type {content_type!r} is not accepted; only {CONTENT_TYPE} is",
+        )
+    try:
+        envelope = Envelope.from_bytes(body)
+    except ValidationError as exc:
+        raise Rejection("UndecodableBody", _summary(exc)) from None
+    spec = service.handler_for(envelope.type)
+    if spec is None:
+        raise Rejection(
+            "UnknownMessageType",
+            f"service {service.name!r} has no handler for message type {envelope.type!r}",
+            envelope,
+        )
+    try:
+        message = spec.message_class.model_validate(envelope.payload)
+    except ValidationError as exc:
+        raise Rejection("InvalidPayload", f"{envelope.type}: {_summary(exc)}", envelope) from None
+    return Decoded(envelope, spec, message)
+
+
+def _summary(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False)
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5]]
+    more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "; ".join(parts) + more

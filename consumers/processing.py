@@ -1,0 +1,271 @@
+"""Handling a batch of deliveries in ONE database transaction.
+
+Per delivery, inside a savepoint: insert the inbox row ``(consumer,
+message_id)``; if it is already there, the message was processed before and
+is skipped; otherwise run the handler on the open transaction and write the
+messages it sends to the outbox. A failing handler rolls back only its own
+savepoint. The caller commits once for the whole batch, then acknowledges.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import psycopg
+from pydantic import BaseModel
+
+from consumers.context import HandlerContext
+from consumers.decoding import Decoded, Rejection, decode
+from consumers.service import Service
+from consumers.store import ConsumerStore, DeadLetter
+from saga.envelope import ATTEMPT_HEADER
+from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
+from saga.faults import fault_point
+from saga.outbox import Outbox, OutgoingMessage
+from saga.replies import FailureReply
+
+logger = logging.getLogger(__name__)
+
+FIRST_FAILED_HEADER = "first_failed_at"
+LAST_ERROR_HEADER = "last_error"
+
+
+class Outcome(StrEnum):
+    """What became of one delivery."""
+
+    HANDLED = "handled"
+    DUPLICATE = "duplicate"
+    BUSINESS_FAILURE = "business_failure"
+    RETRY_SCHEDULED = "retry_scheduled"
+    DEAD_LETTERED = "dead_lettered"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The raw bytes of one message as the broker handed them over."""
+
+    body: bytes
+    content_type: str | None
+
+
+class BatchProcessor:
+    """Applies deliveries for one service on a connection the caller owns."""
+
+    def __init__(
+        self,
+        service: Service,
+        *,
+        schema: str = "saga",
+        outbox: Outbox | None = None,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        self.service = service
+        self.outbox = outbox or Outbox(schema)
+        self.store = ConsumerStore(schema)
+        self.max_message_bytes = max_message_bytes or self.outbox.max_message_bytes
+
+    def process(
+        self, conn: psycopg.Connection[Any], deliveries: Sequence[Delivery]
+    ) -> list[Outcome]:
+        """Handle ``deliveries`` and commit them together; return one outcome each."""
+        with conn.transaction():
+            outcomes = [self._handle(conn, delivery) for delivery in deliveries]
+            fault_point("consumer.before_commit")
+        fault_point("consumer.after_commit")
+        return outcomes
+
+    def dead_letter_poison(
+        self, conn: psycopg.Connection[Any], delivery: Delivery, error: BaseException
+    ) -> None:
+        """Record a delivery whose transaction itself keeps failing, in a transaction of its own."""
+        with conn.transaction():
+            self.store.dead_letter(
+                conn,
+                DeadLetter(
+                    consumer=self.service.name,
+                    reason="failed",
+                    body=delivery.body,
+                    content_type=delivery.content_type,
+                    error_type=type(error).__name__,
+                    error_message=f"transaction kept failing: {error}",
+                    traceback="".join(traceback.format_exception(error)),
+                ),
+            )
+
+    # -- one delivery --------------------------------------------------------
+
+    def _handle(self, conn: psycopg.Connection[Any], delivery: Delivery) -> Outcome:
+        try:
+            decoded = decode(
+                delivery.body, delivery.content_type, self.service, self.max_message_bytes
+            )
+        except Rejection as rejection:
+            return self._reject(conn, delivery, rejection)
+        retrying = decoded.spec.retry.immediate()
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return self._attempt(conn, decoded)
+        except StepFailed as failure:
+            return self._business_failure(conn, decoded, failure)
+        except Exception as exc:
+            tries = int(retrying.statistics.get("attempt_number", 1))
+            return self._technical_failure(conn, delivery, decoded, exc, tries)
+        raise AssertionError("unreachable: tenacity ended without result or error")
+
+    def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
+        envelope = decoded.envelope
+        with conn.transaction():
+            if not self.store.record_inbox(conn, self.service.name, envelope.message_id):
+                return Outcome.DUPLICATE
+            ctx = HandlerContext(envelope, self.service.name)
+            result = decoded.spec.func(conn, decoded.message, ctx)
+            if result is not None:
+                self._reply(ctx, result, decoded)
+            self.outbox.add_many(conn, ctx.outgoing)
+        return Outcome.HANDLED
+
+    def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
+        if not isinstance(result, BaseModel):
+            raise ConfigurationError(
+                f"handler {decoded.spec.name} returned {type(result).__name__}; "
+                "return a pydantic message (the reply) or None"
+            )
+        if ctx.reply(result) is None:
+            raise ConfigurationError(
+                f"handler {decoded.spec.name} returned a reply, but the "
+                f"{decoded.envelope.type} message has no reply_to"
+            )
+
+    def _business_failure(
+        self, conn: psycopg.Connection[Any], decoded: Decoded, failure: StepFailed
+    ) -> Outcome:
+        envelope = decoded.envelope
+        with conn.transaction():
+            if not self.store.record_inbox(conn, self.service.name, envelope.message_id):
+                return Outcome.DUPLICATE
+            ctx = HandlerContext(envelope, self.service.name)
+            reply = FailureReply(
+                reason=failure.reason, code=failure.code, failed_type=envelope.type
+            )
+            if ctx.reply(reply) is None:
+                self._dead_letter_failure(conn, decoded, failure, tries=1)
+            self.outbox.add_many(conn, ctx.outgoing)
+        logger.info(
+            "%s refused %s: %s",
+            self.service.name, envelope.type, failure.reason,
+            extra=_log_extra(decoded, self.service.name),
+        )
+        return Outcome.BUSINESS_FAILURE
+
+    def _technical_failure(
+        self,
+        conn: psycopg.Connection[Any],
+        delivery: Delivery,
+        decoded: Decoded,
+        exc: Exception,
+        tries: int,
+    ) -> Outcome:
+        envelope = decoded.envelope
+        policy = decoded.spec.retry
+        delay = policy.delay_after(envelope.attempt) if policy.is_retriable(exc) else None
+        extra = _log_extra(decoded, self.service.name)
+        if delay is not None:
+            retry = envelope.with_headers(
+                **{
+                    ATTEMPT_HEADER: str(envelope.attempt + 1),
+                    FIRST_FAILED_HEADER: envelope.headers.get(FIRST_FAILED_HEADER)
+                    or datetime.now(UTC).isoformat(),
+                    LAST_ERROR_HEADER: f"{type(exc).__name__}: {exc}"[:500],
+                }
+            )
+            try:
+                self.outbox.add_many(conn, [OutgoingMessage(retry, self.service.name, delay)])
+            except MessageTooLarge:
+                pass  # the headers pushed it over the cap: dead-letter it instead
+            else:
+                logger.warning(
+                    "%s failed on attempt %d (%s: %s); retrying in %.1fs",
+                    envelope.type, envelope.attempt, type(exc).__name__, exc,
+                    delay.total_seconds(), extra=extra,
+                )
+                return Outcome.RETRY_SCHEDULED
+        total = (envelope.attempt - 1) * policy.immediate_attempts + tries
+        logger.error(
+            "%s dead-lettered after %d attempts: %s: %s",
+            envelope.type, total, type(exc).__name__, exc, extra=extra,
+        )
+        self._dead_letter_failure(conn, decoded, exc, tries=total, body=delivery.body)
+        return Outcome.DEAD_LETTERED
+
+    def _dead_letter_failure(
+        self,
+        conn: psycopg.Connection[Any],
+        decoded: Decoded,
+        exc: BaseException,
+        *,
+        tries: int,
+        body: bytes | None = None,
+    ) -> None:
+        envelope = decoded.envelope
+        first = envelope.headers.get(FIRST_FAILED_HEADER)
+        self.store.dead_letter(
+            conn,
+            DeadLetter(
+                consumer=self.service.name,
+                reason="failed",
+                body=body if body is not None else envelope.to_bytes(),
+                content_type="application/json",
+                message_id=envelope.message_id,
+                message_type=envelope.type,
+                saga_id=envelope.saga_id,
+                destination=self.service.name,
+                error_type=type(exc).__name__,
+                error_message=str(exc),
+                traceback="".join(traceback.format_exception(exc)),
+                attempts=tries,
+                first_failed_at=datetime.fromisoformat(first) if first else None,
+            ),
+        )
+
+    def _reject(
+        self, conn: psycopg.Connection[Any], delivery: Delivery, rejection: Rejection
+    ) -> Outcome:
+        envelope = rejection.envelope
+        logger.warning(
+            "%s rejected a message before any handler ran: %s: %s",
+            self.service.name, rejection.error_type, rejection.message,
+            extra={"consumer": self.service.name, "message_id": str(rejection.message_id)},
+        )
+        self.store.dead_letter(
+            conn,
+            DeadLetter(
+                consumer=self.service.name,
+                reason="rejected",
+                body=delivery.body,
+                content_type=delivery.content_type,
+                message_id=rejection.message_id,
+                message_type=envelope.type if envelope else None,
+                saga_id=envelope.saga_id if envelope else None,
+                destination=self.service.name,
+                error_type=rejection.error_type,
+                error_message=rejection.message,
+            ),
+        )
+        return Outcome.REJECTED
+
+
+def _log_extra(decoded: Decoded, consumer: str) -> dict[str, str | None]:
+    envelope = decoded.envelope
+    return {
+        "consumer": consumer,
+        "message_id": str(envelope.message_id),
+        "saga_id": str(envelope.saga_id) if envelope.saga_id else None,
+    }

@@ -1,0 +1,68 @@
+"""Retry policy for technical failures (any exception but ``StepFailed``).
+
+A failing delivery is first retried in process (``immediate_attempts`` tries,
+exponential backoff with jitter, through tenacity). If it still fails, it is
+re-scheduled through the outbox with ``deliver_after`` (one per entry of
+``delays``), so no worker waits for it. When those run out too, the message
+becomes a dead letter. The count travels in the envelope's ``attempt``
+header: it is ours, not the broker's.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from saga.errors import ConfigurationError, StepFailed
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a failing handler is tried again.
+
+    Total handler calls before a dead letter: ``immediate_attempts * (len(delays) + 1)``.
+    """
+
+    immediate_attempts: int = 3
+    immediate_initial_wait: float = 0.02
+    immediate_max_wait: float = 0.5
+    delays: tuple[float, ...] = (1.0, 10.0, 60.0)
+    delay_jitter: float = 0.2
+    never_retry: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.immediate_attempts < 1:
+            raise ConfigurationError("immediate_attempts must be at least 1")
+        if any(d < 0 for d in self.delays):
+            raise ConfigurationError("retry delays must not be negative")
+        if not 0 <= self.delay_jitter < 1:
+            raise ConfigurationError("delay_jitter must be in [0, 1)")
+
+    @property
+    def total_attempts(self) -> int:
+        return self.immediate_attempts * (len(self.delays) + 1)
+
+    def is_retriable(self, exc: BaseException) -> bool:
+        return not isinstance(exc, (StepFailed, *self.never_retry))
+
+    def immediate(self) -> Retrying:
+        """A tenacity controller for the in-process tries of one delivery."""
+        return Retrying(
+            stop=stop_after_attempt(self.immediate_attempts),
+            wait=wait_exponential_jitter(
+                initial=self.immediate_initial_wait, max=self.immediate_max_wait
+            ),
+            retry=retry_if_exception(self.is_retriable),
+            reraise=True,
+        )
+
+    def delay_after(self, delivery_attempt: int) -> timedelta | None:
+        """Delay before delivery ``delivery_attempt + 1``, or None when none is left."""
+        if delivery_attempt > len(self.delays):
+            return None
+        base = self.delays[delivery_attempt - 1]
+        spread = base * self.delay_jitter
+        return timedelta(seconds=max(0.0, base + random.uniform(-spread, spread)))

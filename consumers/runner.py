@@ -1,0 +1,73 @@
+"""Runs a service with ``concurrency`` workers, each in its own thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+from consumers.processing import Outcome
+from consumers.service import Service
+from consumers.worker import ConsumerOptions, Worker
+from saga.transport import BrokerConfig, Topology
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceRunner:
+    """Starts the workers of one service and stops them gracefully.
+
+    ``stop()`` lets every worker finish the batch in hand (commit, then ack);
+    deliveries prefetched but not started go back to the broker.
+    """
+
+    def __init__(
+        self,
+        service: Service,
+        database_url: str,
+        broker: BrokerConfig,
+        options: ConsumerOptions | None = None,
+        topology: Topology | None = None,
+    ) -> None:
+        self.service = service
+        self.options = options or ConsumerOptions()
+        self.stop_event = threading.Event()
+        self.workers = [
+            Worker(service, database_url, broker, self.options, topology, name=f"worker-{i + 1}")
+            for i in range(self.options.concurrency)
+        ]
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for worker in self.workers:
+            thread = threading.Thread(
+                target=worker.run,
+                args=(self.stop_event,),
+                name=f"{self.service.name}-{worker.name}",
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True once every worker is connected and consuming."""
+        return all(worker.ready.wait(timeout) for worker in self.workers)
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.stop_event.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def run(self) -> None:
+        """Start, then block until :meth:`stop` (e.g. from a signal handler) completes."""
+        self.start()
+        while any(t.is_alive() for t in self._threads):
+            for thread in self._threads:
+                thread.join(0.5)
+        logger.info("%s stopped: %s", self.service.name, dict(self.counts))
+
+    @property
+    def counts(self) -> Counter[Outcome]:
+        total: Counter[Outcome] = Counter()
+        for worker in self.workers:
+            total.update(worker.counts)
+        return total

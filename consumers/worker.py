@@ -1,0 +1,244 @@
+"""One consumer worker: a broker connection, a database connection, a loop.
+
+The loop waits for a delivery, then takes every further delivery that is
+already waiting (up to ``prefetch``) and handles them all in one database
+transaction. Acknowledgements are sent only after that transaction commits:
+a crash in between means redelivery, and the inbox makes it harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from kombu import Connection, Consumer
+from kombu.message import Message
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_exponential_jitter,
+)
+
+from consumers.processing import BatchProcessor, Delivery, Outcome
+from consumers.service import Service
+from saga.envelope import CONTENT_TYPE
+from saga.faults import fault_point
+from saga.identifiers import validate_schema
+from saga.redact import password_of, redact_text, redact_url
+from saga.transport import BrokerConfig, Topology
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOptions:
+    """Tuning knobs of a consumer service."""
+
+    schema: str = "saga"
+    concurrency: int = 1
+    prefetch: int = 100
+    max_message_bytes: int = 256 * 1024
+    poll_timeout: float = 0.5
+    poison_threshold: int = 5
+
+    def __post_init__(self) -> None:
+        validate_schema(self.schema)
+        if self.concurrency < 1 or self.prefetch < 1:
+            raise ValueError("concurrency and prefetch must be at least 1")
+
+
+class Worker:
+    """Consumes one service's queue until told to stop."""
+
+    def __init__(
+        self,
+        service: Service,
+        database_url: str,
+        broker: BrokerConfig,
+        options: ConsumerOptions | None = None,
+        topology: Topology | None = None,
+        name: str = "worker-1",
+    ) -> None:
+        self.service = service
+        self.database_url = database_url
+        self.broker = broker
+        self.options = options or ConsumerOptions()
+        self.topology = topology or Topology()
+        self.name = name
+        self.processor = BatchProcessor(
+            service, schema=self.options.schema, max_message_bytes=self.options.max_message_bytes
+        )
+        self.counts: Counter[Outcome] = Counter()
+        self._secret = password_of(database_url)
+        self._buffer: list[Message] = []
+        self._batch_failures: Counter[str] = Counter()
+        self._db: psycopg.Connection[Any] | None = None
+        self._broker_conn: Connection | None = None
+        self._consumer: Consumer | None = None
+        self.ready = threading.Event()
+
+    def __repr__(self) -> str:
+        return (
+            f"Worker({self.service.name!r}, {self.name}, "
+            f"database={redact_url(self.database_url)!r}, broker={self.broker!r})"
+        )
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Consume until ``stop`` is set; reconnect after database or broker loss."""
+        while not stop.is_set():
+            try:
+                self._connect_with_retry(stop)
+                if stop.is_set():
+                    break
+                self.ready.set()
+                self._loop(stop)
+            except self._transient_errors() as exc:
+                logger.warning(
+                    "%s lost a connection, reconnecting: %s",
+                    self.name,
+                    redact_text(str(exc), self._secret),
+                    extra={"consumer": self.service.name},
+                )
+                stop.wait(0.5)
+            finally:
+                self.ready.clear()
+                self._close()
+
+    def _connect(self) -> None:
+        self._close()
+        try:
+            self._db = psycopg.connect(self.database_url, autocommit=False)
+        except psycopg.OperationalError as exc:
+            raise ConnectionError(redact_text(str(exc), self._secret)) from None
+        conn = self.broker.connect()
+        conn.ensure_connection(max_retries=1)
+        self._broker_conn = conn
+        channel = conn.channel()
+        queue = self.topology.queue(self.service.name)
+        queue(channel).declare()
+        self._buffer.clear()
+        self._consumer = Consumer(
+            channel,
+            queues=[queue],
+            on_message=self._buffer.append,
+            accept=[CONTENT_TYPE],
+            prefetch_count=self.options.prefetch,
+        )
+        self._consumer.consume()
+        logger.info("%s consuming %s", self.name, queue.name, extra={"consumer": self.service.name})
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            try:
+                self._consumer.cancel()
+            except Exception:
+                logger.debug("cancelling the consumer failed", exc_info=True)
+        for closeable in (self._broker_conn, self._db):
+            if closeable is not None:
+                try:
+                    closeable.close()
+                except Exception:
+                    logger.debug("closing a worker connection failed", exc_info=True)
+        self._consumer = None
+        self._broker_conn = None
+        self._db = None
+        self._buffer.clear()
+
+    # -- the loop ------------------------------------------------------------
+
+    def _loop(self, stop: threading.Event) -> None:
+        conn = self._broker_conn
+        assert conn is not None
+        while not stop.is_set():
+            if not self._buffer:
+                try:
+                    conn.drain_events(timeout=self.options.poll_timeout)
+                except TimeoutError:
+                    if self.broker.is_amqp:
+                        conn.heartbeat_check()
+                    continue
+            self._take_waiting(conn)
+            batch = self._buffer[: self.options.prefetch]
+            del self._buffer[: len(batch)]
+            self._handle(batch)
+
+    def _take_waiting(self, conn: Connection) -> None:
+        while len(self._buffer) < self.options.prefetch:
+            try:
+                conn.drain_events(timeout=0)
+            except TimeoutError:
+                return
+
+    def _handle(self, messages: list[Message]) -> None:
+        db = self._db
+        assert db is not None
+        deliveries = [_delivery(m) for m in messages]
+        try:
+            outcomes = self.processor.process(db, deliveries)
+        except psycopg.OperationalError:
+            raise  # the database is gone: reconnect; the broker will redeliver
+        except Exception as exc:
+            if len(messages) > 1:
+                logger.warning("batch of %d failed (%s); handling one by one", len(messages), exc)
+                for message in messages:
+                    self._handle([message])
+                return
+            self._single_failed(db, messages[0], deliveries[0], exc)
+            return
+        for message in messages:
+            message.ack()
+        fault_point("consumer.after_ack")
+        self.counts.update(outcomes)
+
+    def _single_failed(
+        self, db: psycopg.Connection[Any], message: Message, delivery: Delivery, exc: Exception
+    ) -> None:
+        key = str(message.properties.get("message_id") or message.delivery_tag)
+        self._batch_failures[key] += 1
+        if self._batch_failures[key] >= self.options.poison_threshold:
+            logger.error("message %s keeps failing its transaction; dead-lettering it", key)
+            self.processor.dead_letter_poison(db, delivery, exc)
+            message.ack()
+            del self._batch_failures[key]
+            self.counts[Outcome.DEAD_LETTERED] += 1
+        else:
+            logger.warning("transaction for message %s failed (%s); requeueing", key, exc)
+            message.requeue()
+
+    # -- helpers -------------------------------------------------------------
+
+    def _connect_with_retry(self, stop: threading.Event) -> None:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(self._transient_errors()),
+            wait=wait_exponential_jitter(initial=0.2, max=10.0),
+            stop=stop_when_event_set(stop),
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+            reraise=True,
+        ):
+            with attempt:
+                self._connect()
+
+    def _transient_errors(self) -> tuple[type[BaseException], ...]:
+        conn = self._broker_conn or self.broker.connect()
+        return (
+            psycopg.OperationalError,
+            ConnectionError,
+            OSError,
+            *conn.connection_errors,
+            *conn.channel_errors,
+        )
+
+
+def _delivery(message: Message) -> Delivery:
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    return Delivery(body=bytes(body), content_type=message.content_type)

@@ -1,0 +1,15 @@
+"""The relay service: publishes committed outbox rows to the broker."""
+
+from outbox_relay.publisher import BatchPublisher, PublishOutcome
+from outbox_relay.relay import BatchReport, Relay, RelayOptions
+from outbox_relay.store import OutboxRow, RelayStore
+
+__all__ = [
+    "BatchPublisher",
+    "BatchReport",
+    "OutboxRow",
+    "PublishOutcome",
+    "Relay",
+    "RelayOptions",
+    "RelayStore",
+]

@@ -1,0 +1,141 @@
+"""Durable batch publishing through kombu.
+
+RabbitMQ: one AMQP transaction per batch (``tx.select`` once per channel,
+``tx.commit`` per batch); ``tx.commit-ok`` arrives only when the broker has
+taken every message of the batch. Each publish is ``mandatory``; a
+``basic.return`` (no queue for the routing key) reaches ``on_return`` before
+the commit returns, so those rows are known to have failed.
+
+Other transports (Redis, memory, SQLAlchemy) publish through kombu's
+``Producer.batch()``: one Redis pipeline per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu import Connection, Producer
+
+from outbox_relay.store import OutboxRow
+from saga.envelope import CONTENT_ENCODING, CONTENT_TYPE
+from saga.transport import Topology
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PublishOutcome:
+    """Which claimed rows reached the broker, and why the others did not."""
+
+    published: list[int] = field(default_factory=list)
+    failed: dict[int, tuple[str, str]] = field(default_factory=dict)  # id -> (type, message)
+
+
+class BatchPublisher:
+    """Publishes claimed outbox rows on one broker connection."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        topology: Topology,
+        *,
+        declare_queues: bool = True,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        self.connection = connection
+        self.topology = topology
+        self.declare_queues = declare_queues
+        self.max_message_bytes = max_message_bytes
+        self._is_amqp = connection.transport.driver_type == "amqp"
+        self._channel: Any = None
+        self._producer: Producer | None = None
+        self._declared: set[str] = set()
+        self._returned: set[str] = set()
+
+    def close(self) -> None:
+        if self._channel is not None:
+            try:
+                self._channel.close()
+            except Exception:  # closing a broken channel must not mask the real error
+                logger.debug("closing publisher channel failed", exc_info=True)
+        self._channel = None
+        self._producer = None
+        self._declared.clear()
+
+    def publish(self, rows: Sequence[OutboxRow]) -> PublishOutcome:
+        """Publish ``rows`` durably; raise on connection loss (nothing is then known)."""
+        outcome = PublishOutcome()
+        sendable: list[OutboxRow] = []
+        for row in rows:
+            if self.max_message_bytes is not None and len(row.body) > self.max_message_bytes:
+                outcome.failed[row.id] = (
+                    "MessageTooLarge",
+                    f"{len(row.body)} bytes is over the broker limit of {self.max_message_bytes}",
+                )
+            else:
+                sendable.append(row)
+        if not sendable:
+            return outcome
+        producer = self._ensure_producer()
+        self._returned.clear()
+        if self._is_amqp:
+            for row in sendable:
+                self._publish_one(producer, row)
+            self._channel.tx_commit()
+        else:
+            with producer.batch(max_size=max(1, len(sendable))):
+                for row in sendable:
+                    self._publish_one(producer, row)
+        for row in sendable:
+            if str(row.message_id) in self._returned:
+                outcome.failed[row.id] = (
+                    "Unroutable",
+                    f"no queue {self.topology.queue_name(row.destination)!r} for destination "
+                    f"{row.destination!r} (returned by the broker)",
+                )
+                self._declared.discard(row.destination)
+            else:
+                outcome.published.append(row.id)
+        return outcome
+
+    def _ensure_producer(self) -> Producer:
+        if self._producer is None:
+            self._channel = self.connection.channel()
+            if self._is_amqp:
+                self._channel.tx_select()
+            self._producer = Producer(
+                self._channel, auto_declare=False, on_return=self._on_return
+            )
+        return self._producer
+
+    def _publish_one(self, producer: Producer, row: OutboxRow) -> None:
+        if self.declare_queues and row.destination not in self._declared:
+            self.topology.queue(row.destination).declare(channel=self._channel)
+            self._declared.add(row.destination)
+        producer.publish(
+            row.body,
+            exchange="",
+            routing_key=self.topology.queue_name(row.destination),
+            content_type=CONTENT_TYPE,
+            content_encoding=CONTENT_ENCODING,
+            delivery_mode=2,
+            mandatory=self._is_amqp,
+            message_id=str(row.message_id),
+            headers={"message_type": row.message_type},
+            retry=False,
+        )
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        message_id = message.properties.get("message_id")
+        logger.warning(
+            "broker returned message %s for %r: %s",
+            message_id,
+            routing_key,
+            exc,
+            extra={"message_id": message_id},
+        )
+        if message_id:
+            self._returned.add(str(message_id))

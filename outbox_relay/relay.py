@@ -1,0 +1,313 @@
+"""The relay: moves committed outbox rows to the broker.
+
+Each batch is one database transaction: claim ready rows with
+``FOR UPDATE SKIP LOCKED`` (so any number of relays share the work, and a row
+committed late by a long transaction is simply claimed later), publish them
+durably, delete them, commit. A crash before the delete commits publishes the
+batch again: consumers deduplicate by ``message_id``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from kombu import Connection
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_exponential_jitter,
+)
+
+from outbox_relay.publisher import BatchPublisher, PublishOutcome
+from outbox_relay.store import OutboxRow, RelayStore, check_durability
+from saga.errors import ConfigurationError
+from saga.faults import fault_point
+from saga.identifiers import validate_schema
+from saga.outbox import wake_channel
+from saga.redact import password_of, redact_text, redact_url
+from saga.transport import BrokerConfig, Topology
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayOptions:
+    """Tuning knobs of one relay (defaults suit most deployments)."""
+
+    schema: str = "saga"
+    batch_size: int = 500
+    max_publish_attempts: int = 5
+    retry_base_delay: float = 1.0
+    idle_poll_min: float = 0.005
+    idle_poll_max: float = 1.0
+    promote_interval: float = 0.2
+    declare_queues: bool = True
+    allow_async_commit: bool = False
+    max_broker_message_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_schema(self.schema)
+        if self.batch_size < 1:
+            raise ConfigurationError("batch_size must be at least 1")
+        if self.max_publish_attempts < 1:
+            raise ConfigurationError("max_publish_attempts must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """What one batch did."""
+
+    claimed: int
+    published: int
+    deferred: int
+    quarantined: int
+
+
+class Relay:
+    """One relay worker: a database connection, a LISTEN connection and a broker connection."""
+
+    def __init__(
+        self,
+        database_url: str,
+        broker: BrokerConfig,
+        options: RelayOptions | None = None,
+        topology: Topology | None = None,
+    ) -> None:
+        self.database_url = database_url
+        self.broker = broker
+        self.options = options or RelayOptions()
+        self.topology = topology or Topology()
+        self.store = RelayStore(self.options.schema)
+        self._db: psycopg.Connection[Any] | None = None
+        self._listen: psycopg.Connection[Any] | None = None
+        self._broker_conn: Connection | None = None
+        self._publisher: BatchPublisher | None = None
+        self._secret = password_of(database_url)
+        self.published_total = 0
+
+    def __repr__(self) -> str:
+        return f"Relay(database={redact_url(self.database_url)!r}, broker={self.broker!r})"
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def __enter__(self) -> Relay:
+        self.connect()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        """Open the database, LISTEN and broker connections (once; no retry)."""
+        self.close()
+        try:
+            self._db = psycopg.connect(self.database_url, autocommit=False)
+            check_durability(self._db, allow_async_commit=self.options.allow_async_commit)
+            self._db.commit()
+            self._listen = psycopg.connect(self.database_url, autocommit=True)
+            self._listen.execute(f"LISTEN {wake_channel(self.options.schema)}")
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise ConnectionError(redact_text(str(exc), self._secret)) from None
+        conn = self.broker.connect()
+        conn.ensure_connection(max_retries=1)
+        self._broker_conn = conn
+        self._publisher = BatchPublisher(
+            conn,
+            self.topology,
+            declare_queues=self.options.declare_queues,
+            max_message_bytes=self.options.max_broker_message_bytes,
+        )
+
+    def close(self) -> None:
+        if self._publisher is not None:
+            self._publisher.close()
+        for closeable in (self._broker_conn, self._listen, self._db):
+            if closeable is not None:
+                try:
+                    closeable.close()
+                except Exception:
+                    logger.debug("closing a relay connection failed", exc_info=True)
+        self._publisher = None
+        self._broker_conn = None
+        self._listen = None
+        self._db = None
+
+    # -- work ----------------------------------------------------------------
+
+    def relay_batch(self) -> BatchReport:
+        """Claim, publish and delete one batch of ready rows."""
+        db, publisher = self._require()
+        with db.transaction():
+            rows = self.store.claim(db, self.options.batch_size)
+            if not rows:
+                return BatchReport(0, 0, 0, 0)
+            fault_point("relay.after_claim")
+            outcome = self._publish(publisher, rows)
+            fault_point("relay.after_publish")
+            self.store.delete(db, outcome.published)
+            deferred, quarantined = self._handle_failures(db, rows, outcome)
+        fault_point("relay.after_commit")
+        self.published_total += len(outcome.published)
+        return BatchReport(len(rows), len(outcome.published), deferred, quarantined)
+
+    def promote_due(self) -> int:
+        """Release scheduled rows whose ``deliver_after`` has passed."""
+        db, _ = self._require()
+        with db.transaction():
+            return self.store.promote_due(db)
+
+    def drain(self) -> int:
+        """Relay until nothing is ready (tests and one-shot runs); return rows published."""
+        total = 0
+        self.promote_due()
+        while True:
+            report = self.relay_batch()
+            total += report.published
+            if report.claimed == 0:
+                return total
+
+    def run(self, stop: threading.Event) -> None:
+        """Relay until ``stop`` is set, reconnecting after database or broker loss."""
+        while not stop.is_set():
+            try:
+                self._connect_with_retry(stop)
+                if stop.is_set():
+                    break
+                logger.info("relay connected: %r", self)
+                self._loop(stop)
+            except self._transient_errors() as exc:
+                logger.warning(
+                    "relay lost a connection, reconnecting: %s",
+                    redact_text(str(exc), self._secret),
+                )
+                self.close()
+                stop.wait(0.5)
+            finally:
+                if stop.is_set():
+                    self.close()
+        logger.info("relay stopped after publishing %d messages", self.published_total)
+
+    def _loop(self, stop: threading.Event) -> None:
+        idle = self.options.idle_poll_min
+        last_promote = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            if now - last_promote >= self.options.promote_interval:
+                self.promote_due()
+                last_promote = now
+            report = self.relay_batch()
+            if report.claimed:
+                idle = self.options.idle_poll_min
+                continue
+            self._heartbeat()
+            self._wait(stop, idle)
+            idle = min(idle * 2, self.options.idle_poll_max)
+
+    def _wait(self, stop: threading.Event, seconds: float) -> None:
+        listen = self._listen
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or listen is None:
+                return
+            for _ in listen.notifies(timeout=min(remaining, 0.25), stop_after=1):
+                return
+
+    def _heartbeat(self) -> None:
+        if self._broker_conn is not None and self.broker.is_amqp:
+            self._broker_conn.heartbeat_check()
+
+    def _publish(self, publisher: BatchPublisher, rows: list[OutboxRow]) -> PublishOutcome:
+        try:
+            return publisher.publish(rows)
+        except self._channel_errors() as exc:
+            # A channel-level refusal: find the rows responsible, one at a time.
+            logger.warning("batch publish refused (%s); isolating rows", exc)
+            publisher.close()
+            outcome = PublishOutcome()
+            for row in rows:
+                try:
+                    single = publisher.publish([row])
+                except self._channel_errors() as row_exc:
+                    publisher.close()
+                    outcome.failed[row.id] = (type(row_exc).__name__, str(row_exc))
+                    continue
+                outcome.published.extend(single.published)
+                outcome.failed.update(single.failed)
+            return outcome
+
+    def _handle_failures(
+        self, db: psycopg.Connection[Any], rows: list[OutboxRow], outcome: PublishOutcome
+    ) -> tuple[int, int]:
+        deferred = quarantined = 0
+        by_id = {row.id: row for row in rows}
+        for row_id, (error_type, message) in outcome.failed.items():
+            row = by_id[row_id]
+            attempts = row.attempts + 1
+            extra = {"message_id": str(row.message_id), "destination": row.destination}
+            if attempts >= self.options.max_publish_attempts:
+                logger.error(
+                    "quarantining message %s after %d failed publishes: %s",
+                    row.message_id, attempts, message, extra=extra,
+                )
+                self.store.quarantine(db, row_id, error_type, message)
+                quarantined += 1
+            else:
+                delay = timedelta(seconds=self.options.retry_base_delay * 2 ** (attempts - 1))
+                logger.warning(
+                    "publish of message %s failed (attempt %d), retrying in %s: %s",
+                    row.message_id, attempts, delay, message, extra=extra,
+                )
+                self.store.defer(db, row_id, f"{error_type}: {message}", delay)
+                deferred += 1
+        return deferred, quarantined
+
+    # -- helpers -------------------------------------------------------------
+
+    def _require(self) -> tuple[psycopg.Connection[Any], BatchPublisher]:
+        if self._db is None or self._publisher is None:
+            raise RuntimeError("relay is not connected; call connect() or use it as a context")
+        return self._db, self._publisher
+
+    def _connect_with_retry(self, stop: threading.Event) -> None:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(self._transient_errors()),
+            wait=wait_exponential_jitter(initial=0.2, max=10.0),
+            stop=stop_when_event_set(stop),
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+            reraise=True,
+        ):
+            with attempt:
+                self.connect()
+
+    def _transient_errors(self) -> tuple[type[BaseException], ...]:
+        conn = self._broker_conn or self.broker.connect()
+        return (
+            psycopg.OperationalError,
+            ConnectionError,
+            OSError,
+            *conn.connection_errors,
+            *conn.channel_errors,
+        )
+
+    def _channel_errors(self) -> tuple[type[BaseException], ...]:
+        conn = self._broker_conn
+        if conn is None:
+            return ()
+        connection_errors = tuple(conn.connection_errors)
+        return tuple(e for e in conn.channel_errors if not issubclass(e, connection_errors))

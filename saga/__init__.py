@@ -1,0 +1,32 @@
+"""Outbox-based, message-passing sagas on PostgreSQL."""
+
+from saga.envelope import Envelope, message_type_of
+from saga.errors import (
+    ConfigurationError,
+    InvalidIdentifier,
+    MessageTooLarge,
+    SagaError,
+    StepFailed,
+    UnknownMessageType,
+)
+from saga.ids import uuid7
+from saga.outbox import Outbox, OutgoingMessage
+from saga.replies import FailureReply
+from saga.transport import BrokerConfig, Topology
+
+__all__ = [
+    "BrokerConfig",
+    "ConfigurationError",
+    "Envelope",
+    "FailureReply",
+    "InvalidIdentifier",
+    "MessageTooLarge",
+    "Outbox",
+    "OutgoingMessage",
+    "SagaError",
+    "StepFailed",
+    "Topology",
+    "UnknownMessageType",
+    "message_type_of",
+    "uuid7",
+]

@@ -1,0 +1,33 @@
+"""The ``saga`` command."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from saga.cli import db, run
+from saga.cli.common import err_console
+from saga.errors import ConfigurationError, SagaError
+
+app = typer.Typer(
+    name="saga",
+    help="Outbox-based sagas on PostgreSQL: migrate, relay, consume, inspect.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(db.app, name="db")
+app.command("relay")(run.relay)
+app.command("consume")(run.consume)
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigurationError as exc:
+        err_console.print(f"[red]configuration error:[/red] {exc}")
+        sys.exit(2)
+    except SagaError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        sys.exit(1)

@@ -1,0 +1,90 @@
+"""Options and helpers shared by the ``saga`` subcommands."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from saga.logs import configure_logging
+from saga.redact import password_of
+from saga.settings import (
+    ENV_BROKER_URL,
+    ENV_DATABASE_URL,
+    ENV_SCHEMA,
+    Settings,
+    load_settings,
+)
+
+console = Console()
+err_console = Console(stderr=True)
+
+DatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help=f"PostgreSQL URL, e.g. postgresql://user@host/db. Env: {ENV_DATABASE_URL}.",
+        show_default=False,
+    ),
+]
+BrokerUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--broker-url",
+        help=f"Broker URL: amqp://, redis:// or memory://. Env: {ENV_BROKER_URL}.",
+        show_default=False,
+    ),
+]
+SchemaOption = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help=f"PostgreSQL schema of the framework's tables (default saga). Env: {ENV_SCHEMA}.",
+        show_default=False,
+    ),
+]
+QueuePrefixOption = Annotated[
+    str,
+    typer.Option("--queue-prefix", help="Prefix of every queue name. Env: SAGA_QUEUE_PREFIX.",
+                 envvar="SAGA_QUEUE_PREFIX"),
+]
+LogLevelOption = Annotated[
+    str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR. Env: SAGA_LOG_LEVEL.",
+                      envvar="SAGA_LOG_LEVEL")
+]
+LogFormatOption = Annotated[
+    str, typer.Option("--log-format", help="text or json. Env: SAGA_LOG_FORMAT.",
+                      envvar="SAGA_LOG_FORMAT")
+]
+
+
+def settings_from(
+    database_url: str | None = None,
+    broker_url: str | None = None,
+    schema: str | None = None,
+) -> Settings:
+    return load_settings(database_url=database_url, broker_url=broker_url, db_schema=schema)
+
+
+def setup_logging(settings: Settings, level: str, fmt: str) -> None:
+    if fmt not in ("text", "json"):
+        raise typer.BadParameter("--log-format must be text or json")
+    configure_logging(
+        level, fmt, password_of(settings.database_url), password_of(settings.broker_url)
+    )
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, for a graceful stop."""
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        err_console.print(f"[yellow]{signal.Signals(signum).name}: stopping after the work in hand")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return stop

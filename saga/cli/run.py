@@ -1,0 +1,98 @@
+"""``saga relay`` and ``saga consume``: the long-running services."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from saga.cli.common import (
+    BrokerUrlOption,
+    DatabaseUrlOption,
+    LogFormatOption,
+    LogLevelOption,
+    QueuePrefixOption,
+    SchemaOption,
+    err_console,
+    settings_from,
+    setup_logging,
+    stop_on_signals,
+)
+from saga.transport import BrokerConfig, Topology
+
+
+def relay(
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    schema: SchemaOption = None,
+    queue_prefix: QueuePrefixOption = "saga.",
+    batch_size: Annotated[int, typer.Option(help="Rows claimed and published per batch.")] = 500,
+    max_attempts: Annotated[
+        int, typer.Option(help="Failed publishes of one row before it is quarantined.")
+    ] = 5,
+    declare_queues: Annotated[
+        bool, typer.Option(help="Declare each destination's queue (off for locked-down brokers).")
+    ] = True,
+    allow_async_commit: Annotated[
+        bool, typer.Option(help="Run even if synchronous_commit is off (risks lost messages).")
+    ] = False,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
+) -> None:
+    """Publish committed outbox rows to the broker until SIGTERM (run any number of these)."""
+    from outbox_relay.relay import Relay, RelayOptions
+
+    settings = settings_from(database_url, broker_url, schema)
+    setup_logging(settings, log_level, log_format)
+    options = RelayOptions(
+        schema=settings.db_schema,
+        batch_size=batch_size,
+        max_publish_attempts=max_attempts,
+        declare_queues=declare_queues,
+        allow_async_commit=allow_async_commit,
+    )
+    worker = Relay(
+        settings.require_database_url(),
+        BrokerConfig(settings.require_broker_url()),
+        options,
+        Topology(queue_prefix=queue_prefix),
+    )
+    stop = stop_on_signals()
+    err_console.print(f"relay started: {worker!r}")
+    worker.run(stop)
+
+
+def consume(
+    target: Annotated[str, typer.Argument(help="The service to run, as module:object.")],
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    schema: SchemaOption = None,
+    queue_prefix: QueuePrefixOption = "saga.",
+    concurrency: Annotated[
+        int, typer.Option(help="Worker threads, each with its own connections.")
+    ] = 1,
+    prefetch: Annotated[
+        int, typer.Option(help="Deliveries taken at once; also the largest batch per transaction.")
+    ] = 100,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
+) -> None:
+    """Run a service's handlers until SIGTERM."""
+    from consumers.runner import ServiceRunner
+    from consumers.worker import ConsumerOptions
+    from saga.cli.loading import load_service
+
+    settings = settings_from(database_url, broker_url, schema)
+    setup_logging(settings, log_level, log_format)
+    service = load_service(target)
+    runner = ServiceRunner(
+        service,
+        settings.require_database_url(),
+        BrokerConfig(settings.require_broker_url()),
+        ConsumerOptions(schema=settings.db_schema, concurrency=concurrency, prefetch=prefetch),
+        Topology(queue_prefix=queue_prefix),
+    )
+    stop = stop_on_signals()
+    runner.stop_event = stop
+    err_console.print(f"consuming {service!r} with {concurrency} worker(s)")
+    runner.run()

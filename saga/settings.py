@@ -1,0 +1,70 @@
+"""Settings from the environment (``SAGA_*``), read only by the CLI layer.
+
+The library itself takes explicit objects; this module is how the ``saga``
+command turns environment variables and options into them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from saga.errors import ConfigurationError
+from saga.identifiers import validate_schema
+from saga.redact import redact_url
+
+ENV_DATABASE_URL = "SAGA_DATABASE_URL"
+ENV_BROKER_URL = "SAGA_BROKER_URL"
+ENV_REDIS_URL = "SAGA_REDIS_URL"
+ENV_SCHEMA = "SAGA_SCHEMA"
+
+
+class Settings(BaseSettings):
+    """Connection settings shared by every ``saga`` subcommand."""
+
+    model_config = SettingsConfigDict(env_prefix="SAGA_", extra="ignore", populate_by_name=True)
+
+    database_url: str | None = None
+    broker_url: str | None = None
+    redis_url: str | None = None
+    db_schema: str = Field(
+        default="saga", validation_alias=AliasChoices("SAGA_SCHEMA", "db_schema")
+    )
+
+    @field_validator("db_schema")
+    @classmethod
+    def _schema_is_identifier(cls, value: str) -> str:
+        return validate_schema(value)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name and name.endswith("_url") and value else value
+
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise ConfigurationError(
+                f"no database: set {ENV_DATABASE_URL} or pass --database-url "
+                "(e.g. postgresql://user@localhost/orders)"
+            )
+        return self.database_url
+
+    def require_broker_url(self) -> str:
+        if not self.broker_url:
+            raise ConfigurationError(
+                f"no broker: set {ENV_BROKER_URL} or pass --broker-url "
+                "(e.g. amqp://guest:guest@localhost:5672// or redis://localhost:6379/0)"
+            )
+        return self.broker_url
+
+
+def load_settings(**overrides: str | None) -> Settings:
+    """Environment settings, with non-None ``overrides`` (from command-line options) on top."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)  # type: ignore[arg-type]
+    except ConfigurationError:
+        raise
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None

@@ -1,0 +1,80 @@
+"""Broker connections and topology, shared by the relay and the consumers.
+
+Every destination (a service name) has one durable queue. Messages go to the
+broker's default exchange with the queue name as routing key: on RabbitMQ a
+``mandatory`` publish then detects a missing queue, and kombu's virtual
+transports (Redis, memory, SQLAlchemy) put the message straight on the
+queue's list, with no binding table that a Redis restart could wipe.
+Both the relay and consumers declare the queues they use, idempotently, on
+every connect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu import Connection, Queue
+
+from saga.errors import ConfigurationError
+from saga.identifiers import validate_name
+from saga.redact import redact_url
+
+SUPPORTED_SCHEMES = ("amqp", "amqps", "pyamqp", "redis", "rediss", "memory", "sqla", "sqlalchemy")
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How destinations map to queues: ``queue_prefix + destination``."""
+
+    queue_prefix: str = "saga."
+    queue_arguments: dict[str, Any] = field(default_factory=dict)
+
+    def queue_name(self, destination: str) -> str:
+        return self.queue_prefix + validate_name(destination, "destination")
+
+    def queue(self, destination: str) -> Queue:
+        return Queue(
+            self.queue_name(destination),
+            durable=True,
+            auto_delete=False,
+            queue_arguments=self.queue_arguments or None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Where the broker is and how to talk to it."""
+
+    url: str
+    heartbeat: int = 20
+    connect_timeout: float = 10.0
+    #: Redis: seconds before an unacknowledged message (its consumer died) is redelivered.
+    visibility_timeout: int = 300
+
+    def __post_init__(self) -> None:
+        scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
+        if scheme not in SUPPORTED_SCHEMES:
+            raise ConfigurationError(
+                f"broker URL {redact_url(self.url)!r} is not supported: use one of "
+                + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
+            )
+
+    def __repr__(self) -> str:
+        return f"BrokerConfig(url={redact_url(self.url)!r})"
+
+    @property
+    def is_amqp(self) -> bool:
+        return self.url.split("://", 1)[0].lower() in ("amqp", "amqps", "pyamqp")
+
+    def connect(self) -> Connection:
+        """A new, not yet connected kombu connection."""
+        options: dict[str, Any] = {}
+        if not self.is_amqp:
+            options["visibility_timeout"] = self.visibility_timeout
+        return Connection(
+            self.url,
+            heartbeat=self.heartbeat if self.is_amqp else 0,
+            connect_timeout=self.connect_timeout,
+            transport_options=options,
+        )
