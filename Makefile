@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check saga consumers outbox_relay tests examples bench
+	$(BIN)/ruff format --check saga consumers outbox_relay tests examples bench
 	$(BIN)/mypy
 
 test: lint

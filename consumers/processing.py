@@ -160,7 +160,9 @@ class BatchProcessor:
             self.outbox.add_many(conn, ctx.outgoing)
         logger.info(
             "%s refused %s: %s",
-            self.service.name, envelope.type, failure.reason,
+            self.service.name,
+            envelope.type,
+            failure.reason,
             extra=_log_extra(decoded, self.service.name),
         )
         return Outcome.BUSINESS_FAILURE
@@ -193,14 +195,22 @@ class BatchProcessor:
             else:
                 logger.warning(
                     "%s failed on attempt %d (%s: %s); retrying in %.1fs",
-                    envelope.type, envelope.attempt, type(exc).__name__, exc,
-                    delay.total_seconds(), extra=extra,
+                    envelope.type,
+                    envelope.attempt,
+                    type(exc).__name__,
+                    exc,
+                    delay.total_seconds(),
+                    extra=extra,
                 )
                 return Outcome.RETRY_SCHEDULED
         total = (envelope.attempt - 1) * policy.immediate_attempts + tries
         logger.error(
             "%s dead-lettered after %d attempts: %s: %s",
-            envelope.type, total, type(exc).__name__, exc, extra=extra,
+            envelope.type,
+            total,
+            type(exc).__name__,
+            exc,
+            extra=extra,
         )
         self._dead_letter_failure(conn, decoded, exc, tries=total, body=delivery.body)
         return Outcome.DEAD_LETTERED
@@ -241,7 +251,9 @@ class BatchProcessor:
         envelope = rejection.envelope
         logger.warning(
             "%s rejected a message before any handler ran: %s: %s",
-            self.service.name, rejection.error_type, rejection.message,
+            self.service.name,
+            rejection.error_type,
+            rejection.message,
             extra={"consumer": self.service.name, "message_id": str(rejection.message_id)},
         )
         self.store.dead_letter(

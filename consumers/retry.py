@@ -14,7 +14,13 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 
 from saga.errors import ConfigurationError, StepFailed
 
@@ -52,9 +58,10 @@ class RetryPolicy:
         """A tenacity controller for the in-process tries of one delivery."""
         return Retrying(
             stop=stop_after_attempt(self.immediate_attempts),
-            wait=wait_exponential_jitter(
-                initial=self.immediate_initial_wait, max=self.immediate_max_wait
-            ),
+            wait=wait_exponential(
+                multiplier=self.immediate_initial_wait, max=self.immediate_max_wait
+            )
+            + wait_random(0, self.immediate_initial_wait),
             retry=retry_if_exception(self.is_retriable),
             reraise=True,
         )

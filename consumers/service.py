@@ -81,8 +81,7 @@ class Service:
         if type_name in self._handlers:
             existing = self._handlers[type_name]
             raise ConfigurationError(
-                f"service {self.name!r} already has a handler for {type_name!r} "
-                f"({existing.name})"
+                f"service {self.name!r} already has a handler for {type_name!r} ({existing.name})"
             )
         self._handlers[type_name] = HandlerSpec(message_class, func, retry or self.retry)
 

@@ -17,19 +17,13 @@ from typing import Any
 import psycopg
 from kombu import Connection, Consumer
 from kombu.message import Message
-from tenacity import (
-    Retrying,
-    before_sleep_log,
-    retry_if_exception_type,
-    stop_when_event_set,
-    wait_exponential_jitter,
-)
 
 from consumers.processing import BatchProcessor, Delivery, Outcome
 from consumers.service import Service
 from saga.envelope import CONTENT_TYPE
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
+from saga.reconnect import connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
 from saga.transport import BrokerConfig, Topology
 
@@ -216,25 +210,10 @@ class Worker:
     # -- helpers -------------------------------------------------------------
 
     def _connect_with_retry(self, stop: threading.Event) -> None:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(self._transient_errors()),
-            wait=wait_exponential_jitter(initial=0.2, max=10.0),
-            stop=stop_when_event_set(stop),
-            before_sleep=before_sleep_log(logger, logging.WARNING),
-            reraise=True,
-        ):
-            with attempt:
-                self._connect()
+        connect_with_retry(self._connect, self._transient_errors(), stop, logger)
 
     def _transient_errors(self) -> tuple[type[BaseException], ...]:
-        conn = self._broker_conn or self.broker.connect()
-        return (
-            psycopg.OperationalError,
-            ConnectionError,
-            OSError,
-            *conn.connection_errors,
-            *conn.channel_errors,
-        )
+        return transient_errors(self._broker_conn or self.broker.connect())
 
 
 def _delivery(message: Message) -> Delivery:

@@ -106,9 +106,7 @@ class BatchPublisher:
             self._channel = self.connection.channel()
             if self._is_amqp:
                 self._channel.tx_select()
-            self._producer = Producer(
-                self._channel, auto_declare=False, on_return=self._on_return
-            )
+            self._producer = Producer(self._channel, auto_declare=False, on_return=self._on_return)
         return self._producer
 
     def _publish_one(self, producer: Producer, row: OutboxRow) -> None:

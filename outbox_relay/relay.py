@@ -19,13 +19,6 @@ from typing import Any
 
 import psycopg
 from kombu import Connection
-from tenacity import (
-    Retrying,
-    before_sleep_log,
-    retry_if_exception_type,
-    stop_when_event_set,
-    wait_exponential_jitter,
-)
 
 from outbox_relay.publisher import BatchPublisher, PublishOutcome
 from outbox_relay.store import OutboxRow, RelayStore, check_durability
@@ -33,6 +26,7 @@ from saga.errors import ConfigurationError
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
 from saga.outbox import wake_channel
+from saga.reconnect import connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
 from saga.transport import BrokerConfig, Topology
 
@@ -263,7 +257,10 @@ class Relay:
             if attempts >= self.options.max_publish_attempts:
                 logger.error(
                     "quarantining message %s after %d failed publishes: %s",
-                    row.message_id, attempts, message, extra=extra,
+                    row.message_id,
+                    attempts,
+                    message,
+                    extra=extra,
                 )
                 self.store.quarantine(db, row_id, error_type, message)
                 quarantined += 1
@@ -271,7 +268,11 @@ class Relay:
                 delay = timedelta(seconds=self.options.retry_base_delay * 2 ** (attempts - 1))
                 logger.warning(
                     "publish of message %s failed (attempt %d), retrying in %s: %s",
-                    row.message_id, attempts, delay, message, extra=extra,
+                    row.message_id,
+                    attempts,
+                    delay,
+                    message,
+                    extra=extra,
                 )
                 self.store.defer(db, row_id, f"{error_type}: {message}", delay)
                 deferred += 1
@@ -285,25 +286,10 @@ class Relay:
         return self._db, self._publisher
 
     def _connect_with_retry(self, stop: threading.Event) -> None:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(self._transient_errors()),
-            wait=wait_exponential_jitter(initial=0.2, max=10.0),
-            stop=stop_when_event_set(stop),
-            before_sleep=before_sleep_log(logger, logging.WARNING),
-            reraise=True,
-        ):
-            with attempt:
-                self.connect()
+        connect_with_retry(self.connect, self._transient_errors(), stop, logger)
 
     def _transient_errors(self) -> tuple[type[BaseException], ...]:
-        conn = self._broker_conn or self.broker.connect()
-        return (
-            psycopg.OperationalError,
-            ConnectionError,
-            OSError,
-            *conn.connection_errors,
-            *conn.channel_errors,
-        )
+        return transient_errors(self._broker_conn or self.broker.connect())
 
     def _channel_errors(self) -> tuple[type[BaseException], ...]:
         conn = self._broker_conn

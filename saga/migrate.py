@@ -79,16 +79,26 @@ def available_migrations() -> list[Migration]:
     return found
 
 
+def declared_schema_sql() -> str:
+    """The whole current schema in one readable file (``migrations/schema.sql``).
+
+    It is never applied by :func:`migrate`; a test checks that applying every
+    migration in order produces exactly this schema.
+    """
+    return (resources.files("saga.migrations") / "schema.sql").read_text(encoding="utf-8")
+
+
 def status(conn: psycopg.Connection[Any], schema: str = "saga") -> list[MigrationState]:
     """Each shipped migration with its applied time (None when pending)."""
     validate_schema(schema)
-    exists = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_migrations",)
-    ).fetchone()
     applied: dict[int, tuple[str, datetime]] = {}
-    if exists and exists[0]:
-        for version, _name, checksum, applied_at in conn.execute(render(_APPLIED, schema)):
-            applied[version] = (checksum, applied_at)
+    with conn.transaction():
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.schema_migrations",)
+        ).fetchone()
+        if exists and exists[0]:
+            for version, _name, checksum, applied_at in conn.execute(render(_APPLIED, schema)):
+                applied[version] = (checksum, applied_at)
     states = []
     for migration in available_migrations():
         if migration.version in applied:

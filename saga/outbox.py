@@ -141,9 +141,7 @@ class Outbox:
         With an :class:`psycopg.AsyncConnection`, returns an awaitable.
         """
         envelope = (
-            message
-            if isinstance(message, Envelope)
-            else self.envelope(message, **envelope_fields)
+            message if isinstance(message, Envelope) else self.envelope(message, **envelope_fields)
         )
         outgoing = [OutgoingMessage(envelope, destination, deliver_after)]
         if isinstance(conn, psycopg.AsyncConnection):
@@ -151,9 +149,7 @@ class Outbox:
         self.add_many(conn, outgoing)
         return envelope.message_id
 
-    def add_many(
-        self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]
-    ) -> None:
+    def add_many(self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]) -> None:
         """Insert several messages in one round trip (same rules as :meth:`add`)."""
         if not messages:
             return

@@ -48,16 +48,25 @@ SchemaOption = Annotated[
 ]
 QueuePrefixOption = Annotated[
     str,
-    typer.Option("--queue-prefix", help="Prefix of every queue name. Env: SAGA_QUEUE_PREFIX.",
-                 envvar="SAGA_QUEUE_PREFIX"),
+    typer.Option(
+        "--queue-prefix",
+        help="Prefix of every queue name. Env: SAGA_QUEUE_PREFIX.",
+        envvar="SAGA_QUEUE_PREFIX",
+    ),
 ]
 LogLevelOption = Annotated[
-    str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR. Env: SAGA_LOG_LEVEL.",
-                      envvar="SAGA_LOG_LEVEL")
+    str,
+    typer.Option(
+        "--log-level",
+        help="DEBUG, INFO, WARNING or ERROR. Env: SAGA_LOG_LEVEL.",
+        envvar="SAGA_LOG_LEVEL",
+    ),
 ]
 LogFormatOption = Annotated[
-    str, typer.Option("--log-format", help="text or json. Env: SAGA_LOG_FORMAT.",
-                      envvar="SAGA_LOG_FORMAT")
+    str,
+    typer.Option(
+        "--log-format", help="text or json. Env: SAGA_LOG_FORMAT.", envvar="SAGA_LOG_FORMAT"
+    ),
 ]
 
 

@@ -1,0 +1,47 @@
+"""Reconnecting after the database or the broker went away, with backoff."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+from kombu import Connection
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_exponential,
+    wait_random,
+)
+
+
+def transient_errors(broker_connection: Connection) -> tuple[type[BaseException], ...]:
+    """Errors after which reconnecting may help (lost connections, broker channel errors)."""
+    return (
+        psycopg.OperationalError,
+        ConnectionError,
+        OSError,
+        *broker_connection.connection_errors,
+        *broker_connection.channel_errors,
+    )
+
+
+def connect_with_retry(
+    connect: Callable[[], None],
+    errors: tuple[type[BaseException], ...],
+    stop: threading.Event,
+    logger: logging.Logger,
+) -> None:
+    """Call ``connect`` until it succeeds or ``stop`` is set: 0.2 s, doubling to 10 s, jittered."""
+    for attempt in Retrying(
+        retry=retry_if_exception_type(errors),
+        wait=wait_exponential(multiplier=0.2, max=10.0) + wait_random(0, 0.2),
+        stop=stop_when_event_set(stop),
+        before_sleep=before_sleep_log(logger, logging.WARNING),
+        reraise=True,
+    ):
+        with attempt:
+            connect()

@@ -1,0 +1,108 @@
+"""Test fixtures: real servers resolved per DESIGN.md section 6.
+
+A missing server fails the test under ``CI=true`` and skips it elsewhere,
+with one summary line per missing server saying how to enable that tier.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support import servers
+from tests.support.brokers import TestBroker
+from tests.support.databases import DatabaseFactory, TestDatabase
+
+ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_missing: dict[str, str] = {}
+_resolved: dict[str, servers.Server] = {}
+
+
+def _server(kind: str) -> str:
+    if kind not in _resolved:
+        _resolved[kind] = {
+            "postgres": servers.postgres,
+            "amqp": servers.rabbitmq,
+            "redis": servers.redis,
+        }[kind]()
+    server = _resolved[kind]
+    if server.url is None:
+        message = f"{server.kind} is not available: {server.how_to_enable}"
+        if ON_CI:
+            pytest.fail(f"CI=true and {message}", pytrace=False)
+        _missing[server.kind] = server.how_to_enable
+        pytest.skip(message)
+    return server.url
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    return _server("postgres")
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    return _server("amqp")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return _server("redis")
+
+
+@pytest.fixture(scope="session")
+def database_factory(postgres_url: str) -> Iterator[DatabaseFactory]:
+    factory = DatabaseFactory(postgres_url)
+    yield factory
+    factory.close()
+
+
+@pytest.fixture
+def db(database_factory: DatabaseFactory) -> Iterator[TestDatabase]:
+    """A fresh database with the framework's tables (schema ``saga``)."""
+    database = database_factory.create()
+    yield database
+    database_factory.drop(database.name)
+
+
+@pytest.fixture
+def empty_db(database_factory: DatabaseFactory) -> Iterator[TestDatabase]:
+    """A fresh database with nothing in it."""
+    database = database_factory.create_empty()
+    yield database
+    database_factory.drop(database.name)
+
+
+@pytest.fixture
+def rabbit(amqp_url: str) -> Iterator[TestBroker]:
+    broker = TestBroker(amqp_url, "amqp")
+    yield broker
+    broker.cleanup()
+
+
+@pytest.fixture(params=["memory", "amqp", "redis"])
+def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
+    """Each test using it runs once per transport (the contract suite)."""
+    kind = request.param
+    if kind == "memory":
+        url = "memory://"
+    elif kind == "amqp":
+        url = _server("amqp")
+    else:
+        url = _server("redis")
+    broker = TestBroker(url, kind)
+    yield broker
+    broker.cleanup()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for kind, hint in sorted(_missing.items()):
+        terminalreporter.write_line(
+            f"NOT RUN: tests needing {kind} were skipped; to run them, {hint}", yellow=True
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    servers.stop_containers()

@@ -1,0 +1,105 @@
+"""The outbox writer on real PostgreSQL: the caller's transaction decides."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from saga import MessageTooLarge, Outbox
+from saga.envelope import Envelope
+from saga.errors import InvalidIdentifier
+from tests.support.databases import TestDatabase
+
+
+class OrderPlaced(BaseModel):
+    order_id: str
+    note: str = ""
+
+
+def test_row_is_written_only_when_the_callers_transaction_commits(db: TestDatabase) -> None:
+    outbox = Outbox()
+    with db.connect(autocommit=False) as conn:
+        with conn.transaction():
+            conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+        with conn.transaction(force_rollback=True):
+            conn.execute("INSERT INTO orders VALUES ('o1')")
+            outbox.add(conn, OrderPlaced(order_id="o1"), destination="billing")
+        assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES ('o2')")
+            message_id = outbox.add(conn, OrderPlaced(order_id="o2"), destination="billing")
+    row = db.rows("SELECT message_id, destination, message_type, body FROM saga.outbox")[0]
+    assert row[0] == message_id
+    assert row[1:3] == ("billing", "OrderPlaced")
+    envelope = Envelope.from_bytes(bytes(row[3]))
+    assert envelope.message_id == message_id
+    assert envelope.payload == {"order_id": "o2", "note": ""}
+    assert message_id.version == 7
+
+
+def test_add_never_commits_by_itself(db: TestDatabase) -> None:
+    with db.connect(autocommit=False) as conn:
+        Outbox().add(conn, OrderPlaced(order_id="o1"), destination="billing")
+        conn.rollback()
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+
+
+def test_too_large_message_raises_and_leaves_the_transaction_usable(db: TestDatabase) -> None:
+    outbox = Outbox(max_message_bytes=1024)
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        outbox.add(conn, OrderPlaced(order_id="small"), destination="billing")
+        with pytest.raises(MessageTooLarge, match="over the 1024-byte cap"):
+            outbox.add(conn, OrderPlaced(order_id="big", note="x" * 2000), destination="billing")
+        outbox.add(conn, OrderPlaced(order_id="after"), destination="billing")
+    types = db.rows("SELECT body FROM saga.outbox ORDER BY id")
+    assert [Envelope.from_bytes(bytes(r[0])).payload["order_id"] for r in types] == [
+        "small",
+        "after",
+    ]
+
+
+def test_default_cap_is_256_kib(db: TestDatabase) -> None:
+    with db.connect(autocommit=False) as conn, pytest.raises(MessageTooLarge):
+        Outbox().add(conn, OrderPlaced(order_id="big", note="x" * 262_144), destination="billing")
+
+
+def test_deliver_after_holds_the_row_in_the_scheduled_index(db: TestDatabase) -> None:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        Outbox().add(
+            conn,
+            OrderPlaced(order_id="later"),
+            destination="billing",
+            deliver_after=timedelta(minutes=5),
+        )
+    delay = db.scalar("SELECT deliver_after - created_at FROM saga.outbox")
+    assert delay == timedelta(minutes=5)
+
+
+def test_async_connection(db: TestDatabase) -> None:
+    async def write() -> None:
+        conn = await psycopg.AsyncConnection.connect(db.url)
+        async with conn, conn.transaction():
+            await Outbox().add(conn, OrderPlaced(order_id="a1"), destination="billing")
+
+    asyncio.run(write())
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 1
+
+
+def test_bad_destination_is_refused(db: TestDatabase) -> None:
+    with db.connect(autocommit=False) as conn, pytest.raises(InvalidIdentifier):
+        Outbox().add(conn, OrderPlaced(order_id="x"), destination="no spaces please")
+
+
+def test_wake_hint_is_debounced(db: TestDatabase) -> None:
+    outbox = Outbox(wake_interval=60.0)
+    with db.connect() as listener:
+        listener.execute("LISTEN saga_outbox")
+        with db.connect(autocommit=False) as conn, conn.transaction():
+            for i in range(50):
+                outbox.add(conn, OrderPlaced(order_id=str(i)), destination="billing")
+        notes = list(listener.notifies(timeout=0.5))
+    assert len(notes) == 1

@@ -1,0 +1,154 @@
+"""The relay on real PostgreSQL and RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from outbox_relay import Relay, RelayOptions
+from saga import Outbox
+from saga.envelope import Envelope
+from saga.errors import UnsafeDurability
+from tests.support.brokers import TestBroker
+from tests.support.databases import TestDatabase
+from tests.support.processes import SagaProcess, saga_env
+from tests.support.wait import wait_until
+
+
+class Note(BaseModel):
+    text: str
+
+
+def _write(db: TestDatabase, *texts: str, destination: str = "notes") -> None:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        for text in texts:
+            Outbox().add(conn, Note(text=text), destination=destination)
+
+
+def _relay(db: TestDatabase, broker: TestBroker, **options: object) -> Relay:
+    return Relay(db.url, broker.config, RelayOptions(**options), broker.topology)  # type: ignore[arg-type]
+
+
+def _texts(messages: list) -> list[str]:  # type: ignore[type-arg]
+    return [json.loads(m.body)["payload"]["text"] for m in messages]
+
+
+def test_relay_publishes_committed_rows_durably_and_deletes_them(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    _write(db, "a", "b", "c")
+    with _relay(db, rabbit) as relay:
+        assert relay.drain() == 3
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+    messages = rabbit.receive("notes", 3)
+    assert _texts(messages) == ["a", "b", "c"]
+    first = messages[0]
+    assert first.content_type == "application/json"
+    assert first.properties["delivery_mode"] == 2
+    assert first.properties["message_id"] == str(Envelope.from_bytes(first.body).message_id)
+
+
+def test_late_commit_is_not_skipped(db: TestDatabase, rabbit: TestBroker) -> None:
+    """A row committed after a higher id was relayed is still relayed."""
+    with db.connect(autocommit=False) as slow, _relay(db, rabbit) as relay:
+        with slow.transaction():
+            Outbox().add(slow, Note(text="A (lower id, commits late)"), destination="notes")
+            _write(db, "B (higher id, commits first)")
+            assert relay.drain() == 1
+            assert _texts(rabbit.receive("notes", 1)) == ["B (higher id, commits first)"]
+        assert relay.drain() == 1
+    assert _texts(rabbit.receive("notes", 1)) == ["A (lower id, commits late)"]
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+
+
+def test_delayed_message_is_not_sent_before_its_time(db: TestDatabase, rabbit: TestBroker) -> None:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        Outbox().add(
+            conn, Note(text="soon"), destination="notes", deliver_after=timedelta(seconds=1)
+        )
+        Outbox().add(
+            conn, Note(text="later"), destination="notes", deliver_after=timedelta(hours=1)
+        )
+    with _relay(db, rabbit) as relay:
+        assert relay.drain() == 0
+        wait_until(lambda: relay.drain() == 1, timeout=10, what="the delayed message")
+        assert relay.drain() == 0
+    assert _texts(rabbit.receive("notes", 1)) == ["soon"]
+    assert db.scalar("SELECT count(*) FROM saga.outbox WHERE deliver_after IS NOT NULL") == 1
+
+
+def test_unroutable_rows_are_retried_then_quarantined_without_blocking(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    rabbit.declare("notes")  # only "notes" has a queue; "nowhere" has none
+    _write(db, "lost?", destination="nowhere")
+    _write(db, "fine", destination="notes")
+    with _relay(
+        db, rabbit, declare_queues=False, max_publish_attempts=2, retry_base_delay=0.0
+    ) as relay:
+        first = relay.relay_batch()
+        assert (first.published, first.deferred) == (1, 1)
+        relay.promote_due()
+        second = relay.relay_batch()
+        assert second.quarantined == 1
+    assert _texts(rabbit.receive("notes", 1)) == ["fine"]
+    letters = db.rows(
+        "SELECT consumer, reason, error_type, destination, attempts, error_message "
+        "FROM saga.dead_letters"
+    )
+    assert len(letters) == 1
+    assert letters[0][:5] == ("outbox_relay", "unpublishable", "Unroutable", "nowhere", 2)
+    assert "no queue" in letters[0][5]
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+
+
+def test_relay_refuses_a_session_with_synchronous_commit_off(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    db.execute(f'ALTER DATABASE "{db.name}" SET synchronous_commit = off')
+    with pytest.raises(UnsafeDurability, match="synchronous_commit is off"):
+        _relay(db, rabbit).connect()
+    relay = _relay(db, rabbit, allow_async_commit=True)
+    relay.connect()
+    relay.close()
+
+
+def test_two_relays_share_the_work_without_duplicates(db: TestDatabase, rabbit: TestBroker) -> None:
+    _write(db, *[f"m{i}" for i in range(2000)])
+    stop = threading.Event()
+    relays = [_relay(db, rabbit, batch_size=50) for _ in range(2)]
+    threads = [threading.Thread(target=r.run, args=(stop,)) for r in relays]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="drained")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    texts = _texts(rabbit.receive("notes", 2000, timeout=30))
+    assert sorted(texts) == sorted(f"m{i}" for i in range(2000))
+    assert all(r.published_total > 0 for r in relays)
+
+
+def test_sigterm_finishes_the_batch_and_exits_zero(
+    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
+) -> None:
+    _write(db, *[f"m{i}" for i in range(500)])
+    rabbit.use("notes")
+    relay = SagaProcess(
+        ["relay", "--batch-size", "50"],
+        saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix),
+        tmp_path,
+        "relay",
+    )
+    wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="relay drained")
+    relay.proc.send_signal(signal.SIGTERM)
+    assert relay.wait(30) == 0, relay.output()
+    assert "SIGTERM" in relay.output()

@@ -1,0 +1,106 @@
+"""Broker access for tests: unique queue names per test, cleaned up afterwards."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu import Connection, Consumer, Producer
+
+from saga.transport import BrokerConfig, Topology
+
+
+@dataclass
+class TestBroker:
+    """A broker URL plus a topology whose queues belong to one test only."""
+
+    __test__ = False
+
+    url: str
+    kind: str
+    topology: Topology = field(
+        default_factory=lambda: Topology(queue_prefix=f"t{uuid.uuid4().hex[:10]}.")
+    )
+    destinations: set[str] = field(default_factory=set)
+
+    @property
+    def config(self) -> BrokerConfig:
+        return BrokerConfig(self.url, visibility_timeout=5)
+
+    def use(self, *destinations: str) -> None:
+        self.destinations.update(destinations)
+
+    def declare(self, destination: str) -> None:
+        self.use(destination)
+        with Connection(self.url) as conn:
+            self.topology.queue(destination)(conn.channel()).declare()
+
+    def publish_raw(
+        self,
+        destination: str,
+        body: bytes,
+        content_type: str,
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        """Publish bytes straight to a destination's queue, bypassing the outbox."""
+        self.use(destination)
+        with Connection(self.url) as conn:
+            channel = conn.channel()
+            self.topology.queue(destination)(channel).declare()
+            Producer(channel).publish(
+                body,
+                exchange="",
+                routing_key=self.topology.queue_name(destination),
+                content_type=content_type,
+                content_encoding="binary" if content_type != "application/json" else "utf-8",
+                headers=headers or {},
+                delivery_mode=2,
+            )
+
+    def receive(self, destination: str, count: int, timeout: float = 10.0) -> list[Any]:
+        """Take ``count`` messages from a destination's queue (acked), waiting up to ``timeout``."""
+        self.use(destination)
+        got: list[Any] = []
+        with Connection(self.url) as conn:
+            channel = conn.channel()
+            queue = self.topology.queue(destination)
+            queue(channel).declare()
+
+            def take(message: Any) -> None:
+                got.append(message)
+                message.ack()
+
+            with Consumer(channel, queues=[queue], on_message=take, prefetch_count=count):
+                import time
+
+                deadline = time.monotonic() + timeout
+                while len(got) < count and time.monotonic() < deadline:
+                    try:
+                        conn.drain_events(timeout=0.2)
+                    except TimeoutError:
+                        continue
+        return got
+
+    def queue_depth(self, destination: str) -> int:
+        with Connection(self.url) as conn:
+            channel = conn.channel()
+            result = self.topology.queue(destination)(channel).queue_declare(passive=False)
+            return int(result.message_count)
+
+    def cleanup(self) -> None:
+        try:
+            with Connection(self.url) as conn:
+                channel = conn.channel()
+                for destination in self.destinations:
+                    try:
+                        self.topology.queue(destination)(channel).delete()
+                    except Exception:
+                        channel = conn.channel()
+        except Exception:
+            pass
+
+
+def iter_kinds() -> Iterator[str]:
+    yield from ("memory", "amqp", "redis")

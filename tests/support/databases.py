@@ -1,0 +1,94 @@
+"""Fresh PostgreSQL databases for tests, cloned from a migrated template."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from saga.migrate import migrate
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+@dataclass
+class TestDatabase:
+    """One throw-away database with the framework's tables in schema ``saga``."""
+
+    __test__ = False
+
+    url: str
+    name: str
+    schema: str = "saga"
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.url, **{"autocommit": True, **kwargs})
+
+    def scalar(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        with self.connect() as conn:
+            row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+            return row[0] if row else None
+
+    def rows(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self.connect() as conn:
+            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+    def execute(self, query: str, params: tuple[Any, ...] = ()) -> None:
+        with self.connect() as conn:
+            conn.execute(query, params)  # type: ignore[arg-type]
+
+
+class DatabaseFactory:
+    """Creates databases from a template migrated once per test session."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.template = f"saga_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self._created: list[str] = []
+        self._admin("CREATE DATABASE {}", self.template)
+        with psycopg.connect(with_database(admin_url, self.template)) as conn:
+            migrate(conn, "saga")
+
+    def _admin(self, statement: str, name: str) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))  # type: ignore[arg-type]
+
+    def create(self) -> TestDatabase:
+        name = f"saga_t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(self.template)
+                )
+            )
+        self._created.append(name)
+        return TestDatabase(with_database(self.admin_url, name), name)
+
+    def create_empty(self) -> TestDatabase:
+        name = f"saga_e_{uuid.uuid4().hex[:12]}"
+        self._admin("CREATE DATABASE {}", name)
+        self._created.append(name)
+        return TestDatabase(with_database(self.admin_url, name), name)
+
+    def drop(self, name: str) -> None:
+        self._admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+
+    def close(self) -> None:
+        for name in [*self._created, self.template]:
+            self.drop(name)
+
+
+@contextmanager
+def transaction(url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(url) as conn, conn.transaction():
+        yield conn

@@ -1,0 +1,71 @@
+"""Running ``saga`` commands as real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SAGA = str(Path(sys.executable).parent / "saga")
+
+
+class SagaProcess:
+    """One ``saga ...`` subprocess with its output captured to a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_dir: Path, name: str) -> None:
+        self.args = args
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [SAGA, *args],
+            cwd=REPO,
+            env={**_clean_environ(), **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.wait(10)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is not None:
+                self._log.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def output(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+
+def saga_env(database_url: str, broker_url: str, queue_prefix: str, **extra: str) -> dict[str, str]:
+    env = {
+        "SAGA_DATABASE_URL": database_url,
+        "SAGA_BROKER_URL": broker_url,
+        "SAGA_QUEUE_PREFIX": queue_prefix,
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update(extra)
+    return env
+
+
+def _clean_environ() -> dict[str, str]:
+    """This process's environment without any SAGA_* setting (tests pass their own)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
