@@ -1,0 +1,186 @@
+"""The consumer runtime on real PostgreSQL and RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+from consumers import Outcome
+from saga.envelope import Envelope
+from saga.replies import FailureReply
+from tests.support.brokers import TestBroker
+from tests.support.databases import TestDatabase
+from tests.support.processes import SagaProcess, saga_env
+from tests.support.running import running_relay, running_service
+from tests.support.services import EFFECTS_DDL, Flaky, Ping, Refuse, service
+from tests.support.wait import wait_until
+
+JSON = "application/json"
+
+
+def _effects(db: TestDatabase, kind: str, key: str) -> int:
+    return int(db.scalar("SELECT count(*) FROM effects WHERE kind = %s AND key = %s", (kind, key)))
+
+
+def _setup(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+
+
+def test_a_message_delivered_twice_is_applied_once(db: TestDatabase, rabbit: TestBroker) -> None:
+    _setup(db)
+    body = Envelope.wrap(Ping(key="twice")).to_bytes()
+    with running_service(service, db, rabbit) as runner:
+        rabbit.publish_raw(service.name, body, JSON)
+        rabbit.publish_raw(service.name, body, JSON)
+        wait_until(lambda: sum(runner.counts.values()) == 2, what="two deliveries")
+        assert runner.counts[Outcome.HANDLED] == 1
+        assert runner.counts[Outcome.DUPLICATE] == 1
+    assert _effects(db, "ping", "twice") == 1
+
+
+def test_bad_input_is_rejected_with_a_reason_and_never_blocks(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    _setup(db)
+    unknown = Envelope.wrap(Ping(key="x")).model_copy(update={"type": "NoSuchType"})
+    with running_service(service, db, rabbit, prefetch=1) as runner:
+        rabbit.publish_raw(
+            service.name, pickle.dumps({"evil": True}), "application/x-python-serialize"
+        )
+        rabbit.publish_raw(service.name, unknown.to_bytes(), JSON)
+        rabbit.publish_raw(service.name, b'{"message_id": "not json', JSON)
+        rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="good")).to_bytes(), JSON)
+        wait_until(lambda: _effects(db, "ping", "good") == 1, what="the good message")
+        assert runner.counts[Outcome.REJECTED] == 3
+    letters = db.rows(
+        "SELECT reason, error_type, error_message, content_type FROM saga.dead_letters ORDER BY id"
+    )
+    assert [(r[0], r[1]) for r in letters] == [
+        ("rejected", "ContentTypeRejected"),
+        ("rejected", "UnknownMessageType"),
+        ("rejected", "UndecodableBody"),
+    ]
+    assert "application/x-python-serialize" in letters[0][2]
+    assert "NoSuchType" in letters[1][2]
+    assert db.scalar("SELECT count(*) FROM effects") == 1  # no handler ran for the bad three
+
+
+def test_business_failure_undoes_handler_writes_and_replies(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    _setup(db)
+    envelope = Envelope.wrap(Refuse(key="r1")).model_copy(update={"reply_to": "requester"})
+    with running_service(service, db, rabbit) as runner:
+        rabbit.publish_raw(service.name, envelope.to_bytes(), JSON)
+        wait_until(lambda: runner.counts[Outcome.BUSINESS_FAILURE] == 1, what="refusal")
+    assert db.scalar("SELECT count(*) FROM effects") == 0
+    assert db.scalar("SELECT count(*) FROM saga.inbox") == 1
+    (body,) = db.rows("SELECT body FROM saga.outbox WHERE destination = 'requester'")[0]
+    reply = Envelope.from_bytes(bytes(body))
+    assert reply.type == "saga.FailureReply"
+    assert reply.causation_id == envelope.message_id
+    assert FailureReply.model_validate(reply.payload).reason == "refusing r1"
+
+
+def test_return_value_is_sent_to_reply_to(db: TestDatabase, rabbit: TestBroker) -> None:
+    _setup(db)
+    request = Envelope.wrap(Ping(key="p")).model_copy(update={"reply_to": "requester"})
+    with running_service(service, db, rabbit), running_relay(db, rabbit):
+        rabbit.publish_raw(service.name, request.to_bytes(), JSON)
+        (reply,) = rabbit.receive("requester", 1, timeout=20)
+    envelope = Envelope.from_bytes(reply.body)
+    assert envelope.type == "Pong"
+    assert envelope.correlation_id == request.correlation_id
+    assert envelope.causation_id == request.message_id
+
+
+def test_flaky_handler_succeeds_after_immediate_and_delayed_retries(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    _setup(db)
+    msg = Envelope.wrap(Flaky(key="f3", fail_times=3))
+    with running_service(service, db, rabbit), running_relay(db, rabbit):
+        rabbit.publish_raw(service.name, msg.to_bytes(), JSON)
+        wait_until(lambda: _effects(db, "flaky-done", "f3") == 1, what="success on try 4")
+    assert db.scalar("SELECT seq FROM effects WHERE key = 'f3'") == 4
+    assert db.scalar("SELECT count(*) FROM saga.dead_letters") == 0
+
+
+def test_handler_that_always_fails_is_dead_lettered_after_all_attempts(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    _setup(db)
+    msg = Envelope.wrap(Flaky(key="never", fail_times=1000))
+    with running_service(service, db, rabbit) as runner, running_relay(db, rabbit):
+        rabbit.publish_raw(service.name, msg.to_bytes(), JSON)
+        wait_until(lambda: runner.counts[Outcome.DEAD_LETTERED] == 1, what="dead letter")
+        assert runner.counts[Outcome.RETRY_SCHEDULED] == 2
+    (row,) = db.rows(
+        "SELECT reason, error_type, attempts, message_id, traceback, first_failed_at <= "
+        "last_failed_at FROM saga.dead_letters"
+    )
+    assert row[:4] == ("failed", "RuntimeError", 6, msg.message_id)  # 2 tries x 3 deliveries
+    assert "flaky failure" in row[4]
+    assert row[5] is True
+    assert _effects(db, "flaky-done", "never") == 0
+
+
+def test_crash_after_commit_before_ack_redelivers_and_applies_once(
+    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
+) -> None:
+    _setup(db)
+    env = saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix)
+    rabbit.declare(service.name)
+    rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="crash")).to_bytes(), JSON)
+    args = ["consume", "tests.support.services:service"]
+    doomed = SagaProcess(args, {**env, "SAGA_FAULTS": "consumer.after_commit"}, tmp_path, "c1")
+    assert doomed.wait(60) == -9, doomed.output()
+    assert "fault point consumer.after_commit fired" in doomed.output()
+    assert _effects(db, "ping", "crash") == 1
+    wait_until(lambda: rabbit.queue_depth(service.name) == 1, what="the unacked message requeued")
+    survivor = SagaProcess(args, env, tmp_path, "c2")
+    try:
+        wait_until(lambda: rabbit.queue_depth(service.name) == 0, what="redelivery consumed")
+    finally:
+        assert survivor.terminate() == 0, survivor.output()
+    assert _effects(db, "ping", "crash") == 1
+
+
+def test_crash_between_publish_and_delete_delivers_twice_and_applies_once(
+    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
+) -> None:
+    _setup(db)
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        from saga import Outbox
+
+        Outbox().add(conn, Ping(key="dup"), destination=service.name)
+    env = saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix)
+    rabbit.declare(service.name)
+    doomed = SagaProcess(["relay"], {**env, "SAGA_FAULTS": "relay.after_publish"}, tmp_path, "r1")
+    assert doomed.wait(60) == -9, doomed.output()
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 1  # published, never deleted
+    assert rabbit.queue_depth(service.name) == 1
+    survivor = SagaProcess(["relay"], env, tmp_path, "r2")
+    try:
+        wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="re-relayed")
+    finally:
+        assert survivor.terminate() == 0, survivor.output()
+    assert rabbit.queue_depth(service.name) == 2  # the broker holds the message twice
+    with running_service(service, db, rabbit) as runner:
+        wait_until(lambda: sum(runner.counts.values()) == 2, what="both copies handled")
+        assert (runner.counts[Outcome.HANDLED], runner.counts[Outcome.DUPLICATE]) == (1, 1)
+    assert _effects(db, "ping", "dup") == 1
+
+
+def test_consumer_exits_zero_on_sigterm(
+    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
+) -> None:
+    _setup(db)
+    env = saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix)
+    rabbit.use(service.name)
+    proc = SagaProcess(["consume", "tests.support.services:service"], env, tmp_path, "c")
+    rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="s")).to_bytes(), JSON)
+    wait_until(lambda: _effects(db, "ping", "s") == 1, what="handled")
+    assert proc.terminate() == 0, proc.output()
+    assert json.dumps("SIGTERM")[1:-1] in proc.output()
