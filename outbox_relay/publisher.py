@@ -106,7 +106,11 @@ class BatchPublisher:
             self._channel = self.connection.channel()
             if self._is_amqp:
                 self._channel.tx_select()
-            self._producer = Producer(self._channel, auto_declare=False, on_return=self._on_return)
+            self._producer = Producer(
+                self._channel,
+                auto_declare=False,
+                on_return=self._on_return if self._is_amqp else None,
+            )
         return self._producer
 
     def _publish_one(self, producer: Producer, row: OutboxRow) -> None:

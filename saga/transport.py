@@ -51,6 +51,8 @@ class BrokerConfig:
     connect_timeout: float = 10.0
     #: Redis: seconds before an unacknowledged message (its consumer died) is redelivered.
     visibility_timeout: int = 300
+    #: Virtual transports that poll (memory, SQLAlchemy): seconds between polls of an empty queue.
+    polling_interval: float = 0.01
 
     def __post_init__(self) -> None:
         scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
@@ -72,6 +74,7 @@ class BrokerConfig:
         options: dict[str, Any] = {}
         if not self.is_amqp:
             options["visibility_timeout"] = self.visibility_timeout
+            options["polling_interval"] = self.polling_interval
         return Connection(
             self.url,
             heartbeat=self.heartbeat if self.is_amqp else 0,
