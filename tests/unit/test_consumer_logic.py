@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+
+import pytest
+from pydantic import BaseModel
+
+from consumers import RetryPolicy, Service
+from consumers.decoding import Rejection, decode
+from saga.envelope import Envelope
+from saga.errors import ConfigurationError, StepFailed
+from saga.faults import _parse
+
+
+class Cmd(BaseModel):
+    n: int
+
+
+svc = Service("svc")
+
+
+@svc.handler(Cmd)
+def handle(tx: object, msg: Cmd, ctx: object) -> None:
+    return None
+
+
+def test_duplicate_handler_registration_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="already has a handler for 'Cmd'"):
+        svc.add_handler(Cmd, handle)
+
+
+def test_handler_class_must_be_a_pydantic_model() -> None:
+    with pytest.raises(ConfigurationError, match="pydantic model"):
+        Service("x").add_handler(dict, handle)  # type: ignore[arg-type]
+
+
+def _reject(body: bytes, content_type: str | None = "application/json") -> Rejection:
+    with pytest.raises(Rejection) as info:
+        decode(body, content_type, svc, max_bytes=1024)
+    return info.value
+
+
+def test_decode_accepts_a_valid_envelope() -> None:
+    decoded = decode(Envelope.wrap(Cmd(n=3)).to_bytes(), "application/json", svc, 1024)
+    assert decoded.message == Cmd(n=3)
+    assert decoded.spec.func is handle
+
+
+def test_decode_rejections_name_their_reason() -> None:
+    assert _reject(pickle.dumps(1), "application/x-python-serialize").error_type == (
+        "ContentTypeRejected"
+    )
+    assert _reject(b"{", "application/json").error_type == "UndecodableBody"
+    assert _reject(b"x" * 2000).error_type == "MessageTooLarge"
+    unknown = Envelope.wrap(Cmd(n=1)).model_copy(update={"type": "Nope"})
+    assert _reject(unknown.to_bytes()).error_type == "UnknownMessageType"
+    bad = Envelope.wrap(Cmd(n=1)).model_copy(update={"payload": {"n": "not a number"}})
+    rejection = _reject(bad.to_bytes())
+    assert rejection.error_type == "InvalidPayload"
+    assert "n:" in rejection.message
+    assert rejection.message_id == bad.message_id
+
+
+def test_content_type_parameters_are_tolerated() -> None:
+    body = Envelope.wrap(Cmd(n=1)).to_bytes()
+    assert decode(body, "application/json; charset=utf-8", svc, 1024).message == Cmd(n=1)
+
+
+def test_retry_policy_counts_and_delays() -> None:
+    policy = RetryPolicy(immediate_attempts=3, delays=(1.0, 10.0), delay_jitter=0.0)
+    assert policy.total_attempts == 9
+    assert policy.delay_after(1) == timedelta(seconds=1)
+    assert policy.delay_after(2) == timedelta(seconds=10)
+    assert policy.delay_after(3) is None
+    assert not policy.is_retriable(StepFailed("no"))
+    assert policy.is_retriable(RuntimeError())
+
+
+def test_retry_policy_never_retry_and_validation() -> None:
+    policy = RetryPolicy(never_retry=(ValueError,))
+    assert not policy.is_retriable(ValueError())
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(immediate_attempts=0)
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(delays=(-1.0,))
+
+
+def test_immediate_retries_use_tenacity_and_stop_on_step_failed() -> None:
+    calls = 0
+
+    def always(exc: Exception) -> None:
+        nonlocal calls
+        calls += 1
+        raise exc
+
+    policy = RetryPolicy(immediate_attempts=3, immediate_initial_wait=0.0)
+    with pytest.raises(RuntimeError):
+        policy.immediate()(always, RuntimeError())
+    assert calls == 3
+    calls = 0
+    with pytest.raises(StepFailed):
+        policy.immediate()(always, StepFailed("no"))
+    assert calls == 1
+
+
+def test_fault_spec_parsing() -> None:
+    assert _parse("") == {}
+    assert _parse("relay.after_publish, consumer.after_commit@3") == {
+        "relay.after_publish": 1,
+        "consumer.after_commit": 3,
+    }
