@@ -23,7 +23,7 @@ from consumers.service import Service
 from saga.envelope import CONTENT_TYPE
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
-from saga.reconnect import connect_with_retry, transient_errors
+from saga.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
 from saga.transport import BrokerConfig, Topology
 
@@ -135,12 +135,7 @@ class Worker:
                 self._consumer.cancel()
             except Exception:
                 logger.debug("cancelling the consumer failed", exc_info=True)
-        for closeable in (self._broker_conn, self._db):
-            if closeable is not None:
-                try:
-                    closeable.close()
-                except Exception:
-                    logger.debug("closing a worker connection failed", exc_info=True)
+        close_quietly(logger, self._broker_conn, self._db)
         self._consumer = None
         self._broker_conn = None
         self._db = None

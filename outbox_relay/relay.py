@@ -26,7 +26,7 @@ from saga.errors import ConfigurationError
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
 from saga.outbox import wake_channel
-from saga.reconnect import connect_with_retry, transient_errors
+from saga.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
 from saga.transport import BrokerConfig, Topology
 
@@ -130,12 +130,7 @@ class Relay:
     def close(self) -> None:
         if self._publisher is not None:
             self._publisher.close()
-        for closeable in (self._broker_conn, self._listen, self._db):
-            if closeable is not None:
-                try:
-                    closeable.close()
-                except Exception:
-                    logger.debug("closing a relay connection failed", exc_info=True)
+        close_quietly(logger, self._broker_conn, self._listen, self._db)
         self._publisher = None
         self._broker_conn = None
         self._listen = None

@@ -18,6 +18,18 @@ from tenacity import (
 )
 
 
+def close_quietly(logger: logging.Logger, *resources: object) -> None:
+    """Close each resource that is not None; a failure to close is logged, never raised."""
+    for resource in resources:
+        close = getattr(resource, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception:
+            logger.debug("closing %r failed", resource, exc_info=True)
+
+
 def transient_errors(broker_connection: Connection) -> tuple[type[BaseException], ...]:
     """Errors after which reconnecting may help (lost connections, broker channel errors)."""
     return (

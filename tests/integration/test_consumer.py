@@ -184,3 +184,43 @@ def test_consumer_exits_zero_on_sigterm(
     wait_until(lambda: _effects(db, "ping", "s") == 1, what="handled")
     assert proc.terminate() == 0, proc.output()
     assert json.dumps("SIGTERM")[1:-1] in proc.output()
+
+
+def test_consumer_reconnects_after_losing_its_database_connection(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    _setup(db)
+    with running_service(service, db, rabbit):
+        rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="one")).to_bytes(), JSON)
+        wait_until(lambda: _effects(db, "ping", "one") == 1, what="first message")
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="two")).to_bytes(), JSON)
+        wait_until(lambda: _effects(db, "ping", "two") == 1, what="message after reconnect")
+    assert _effects(db, "ping", "one") == 1
+
+
+def test_consumer_reconnects_after_the_broker_closed_its_connection(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl is not on this machine")
+    _setup(db)
+    with running_service(service, db, rabbit):
+        rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="one")).to_bytes(), JSON)
+        wait_until(lambda: _effects(db, "ping", "one") == 1, what="first message")
+        subprocess.run(
+            ["rabbitmqctl", "close_all_connections", "test: broker restart"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="two")).to_bytes(), JSON)
+        wait_until(lambda: _effects(db, "ping", "two") == 1, timeout=60, what="after reconnect")

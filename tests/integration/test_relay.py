@@ -152,3 +152,23 @@ def test_sigterm_finishes_the_batch_and_exits_zero(
     relay.proc.send_signal(signal.SIGTERM)
     assert relay.wait(30) == 0, relay.output()
     assert "SIGTERM" in relay.output()
+
+
+def test_relay_reconnects_after_losing_its_database_connections(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    from tests.support.running import running_relay
+
+    _write(db, "before")
+    with running_relay(db, rabbit):
+        wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="first row")
+        killed = db.scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert killed >= 2  # the relay's claim and LISTEN connections
+        _write(db, "after")
+        wait_until(
+            lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="after reconnect"
+        )
+    assert sorted(_texts(rabbit.receive("notes", 2))) == ["after", "before"]
