@@ -22,13 +22,14 @@ from pydantic import BaseModel
 
 from consumers.context import HandlerContext
 from consumers.decoding import Decoded, Rejection, decode
+from consumers.inbox import Inbox
 from consumers.service import Service
-from consumers.store import ConsumerStore, DeadLetter
+from saga.dead_letters import DeadLetter, DeadLetterStore
 from saga.envelope import ATTEMPT_HEADER
 from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
 from saga.faults import fault_point
 from saga.outbox import Outbox, OutgoingMessage
-from saga.replies import FailureReply
+from saga.replies import DEAD_LETTERED, Ack, FailureReply
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class BatchProcessor:
     ) -> None:
         self.service = service
         self.outbox = outbox or Outbox(schema)
-        self.store = ConsumerStore(schema)
+        self.inbox = Inbox(schema)
+        self.dead_letters = DeadLetterStore(schema)
         self.max_message_bytes = max_message_bytes or self.outbox.max_message_bytes
 
     def process(
@@ -86,7 +88,7 @@ class BatchProcessor:
     ) -> None:
         """Record a delivery whose transaction itself keeps failing, in a transaction of its own."""
         with conn.transaction():
-            self.store.dead_letter(
+            self.dead_letters.add(
                 conn,
                 DeadLetter(
                     consumer=self.service.name,
@@ -123,16 +125,19 @@ class BatchProcessor:
     def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
         envelope = decoded.envelope
         with conn.transaction():
-            if not self.store.record_inbox(conn, self.service.name, envelope.message_id):
+            if not self.inbox.record(conn, self.service.name, envelope.message_id):
                 return Outcome.DUPLICATE
             ctx = HandlerContext(envelope, self.service.name)
             result = decoded.spec.func(conn, decoded.message, ctx)
-            if result is not None:
-                self._reply(ctx, result, decoded)
+            self._reply(ctx, result, decoded)
             self.outbox.add_many(conn, ctx.outgoing)
         return Outcome.HANDLED
 
     def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
+        """Send the handler's return value to ``reply_to``; None becomes an :class:`Ack`."""
+        if result is None:
+            ctx.reply(Ack())
+            return
         if not isinstance(result, BaseModel):
             raise ConfigurationError(
                 f"handler {decoded.spec.name} returned {type(result).__name__}; "
@@ -149,7 +154,7 @@ class BatchProcessor:
     ) -> Outcome:
         envelope = decoded.envelope
         with conn.transaction():
-            if not self.store.record_inbox(conn, self.service.name, envelope.message_id):
+            if not self.inbox.record(conn, self.service.name, envelope.message_id):
                 return Outcome.DUPLICATE
             ctx = HandlerContext(envelope, self.service.name)
             reply = FailureReply(
@@ -213,7 +218,15 @@ class BatchProcessor:
             extra=extra,
         )
         self._dead_letter_failure(conn, decoded, exc, tries=total, body=delivery.body)
+        self._tell_sender(conn, decoded, f"dead-lettered after {total} attempts: {exc!r}")
         return Outcome.DEAD_LETTERED
+
+    def _tell_sender(self, conn: psycopg.Connection[Any], decoded: Decoded, reason: str) -> None:
+        """A sender waiting for a reply (a saga) learns that its request became a dead letter."""
+        ctx = HandlerContext(decoded.envelope, self.service.name)
+        failure = FailureReply(reason=reason, code=DEAD_LETTERED, failed_type=decoded.envelope.type)
+        if ctx.reply(failure) is not None:
+            self.outbox.add_many(conn, ctx.outgoing)
 
     def _dead_letter_failure(
         self,
@@ -226,7 +239,7 @@ class BatchProcessor:
     ) -> None:
         envelope = decoded.envelope
         first = envelope.headers.get(FIRST_FAILED_HEADER)
-        self.store.dead_letter(
+        self.dead_letters.add(
             conn,
             DeadLetter(
                 consumer=self.service.name,
@@ -256,7 +269,7 @@ class BatchProcessor:
             rejection.message,
             extra={"consumer": self.service.name, "message_id": str(rejection.message_id)},
         )
-        self.store.dead_letter(
+        self.dead_letters.add(
             conn,
             DeadLetter(
                 consumer=self.service.name,

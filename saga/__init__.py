@@ -1,5 +1,6 @@
 """Outbox-based, message-passing sagas on PostgreSQL."""
 
+from saga.definition import Saga, StepRetry
 from saga.envelope import Envelope, message_type_of
 from saga.errors import (
     ConfigurationError,
@@ -11,6 +12,7 @@ from saga.errors import (
 )
 from saga.ids import uuid7
 from saga.outbox import Outbox, OutgoingMessage
+from saga.registry import SagaRegistry
 from saga.replies import FailureReply
 from saga.transport import BrokerConfig, Topology
 
@@ -23,8 +25,11 @@ __all__ = [
     "MessageTooLarge",
     "Outbox",
     "OutgoingMessage",
+    "Saga",
     "SagaError",
+    "SagaRegistry",
     "StepFailed",
+    "StepRetry",
     "Topology",
     "UnknownMessageType",
     "message_type_of",

@@ -63,3 +63,19 @@ class StepFailed(SagaError):
         super().__init__(reason)
         self.reason = reason
         self.code = code
+
+
+class UnknownSaga(SagaError):
+    """A message names a saga instance this database does not have (retried, then dead-lettered)."""
+
+
+class StaleReply(SagaError):
+    """A reply or timer for a step the saga is not waiting on (retried, then dead-lettered)."""
+
+
+class UnexpectedReply(SagaError):
+    """A reply of a type the waiting step does not accept."""
+
+
+class NotCancellable(SagaError):
+    """The saga cannot be cancelled in its current state (finished, or past its pivot)."""

@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 from typing import ClassVar
+from uuid import UUID
 
 from pydantic import BaseModel
 
+#: ``FailureReply.code`` when the participant gave up after its retries
+#: (a dead letter exists in its database).
+DEAD_LETTERED = "dead_lettered"
+
 
 class FailureReply(BaseModel):
-    """Sent to ``reply_to`` when a handler raises :class:`~saga.errors.StepFailed`."""
+    """Sent to ``reply_to`` when a handler raises :class:`~saga.errors.StepFailed`,
+    or when a request with a ``reply_to`` becomes a dead letter."""
 
     message_type: ClassVar[str] = "saga.FailureReply"
 
     reason: str
     code: str | None = None
     failed_type: str
+
+
+class Ack(BaseModel):
+    """The success reply of a handler that returned None."""
+
+    message_type: ClassVar[str] = "saga.Ack"
+
+
+class StepTimer(BaseModel):
+    """A scheduled message the orchestrator sends itself to try a step again."""
+
+    message_type: ClassVar[str] = "saga.StepTimer"
+
+    saga_id: UUID
+    step: str
+    phase: str
+    attempt: int

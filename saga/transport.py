@@ -20,7 +20,16 @@ from saga.errors import ConfigurationError
 from saga.identifiers import validate_name
 from saga.redact import redact_url
 
-SUPPORTED_SCHEMES = ("amqp", "amqps", "pyamqp", "redis", "rediss", "memory", "sqla", "sqlalchemy")
+SUPPORTED_SCHEMES = (
+    "amqp",
+    "amqps",
+    "pyamqp",
+    "redis",
+    "rediss",
+    "memory",
+    "sqla+postgresql",
+    "sqla+postgresql+psycopg",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,18 +75,29 @@ class BrokerConfig:
         return f"BrokerConfig(url={redact_url(self.url)!r})"
 
     @property
+    def scheme(self) -> str:
+        return self.url.split("://", 1)[0].lower()
+
+    @property
     def is_amqp(self) -> bool:
-        return self.url.split("://", 1)[0].lower() in ("amqp", "amqps", "pyamqp")
+        return self.scheme in ("amqp", "amqps", "pyamqp")
+
+    @property
+    def is_redis(self) -> bool:
+        return self.scheme in ("redis", "rediss")
 
     def connect(self) -> Connection:
         """A new, not yet connected kombu connection."""
         options: dict[str, Any] = {}
-        if not self.is_amqp:
+        if self.is_redis:
             options["visibility_timeout"] = self.visibility_timeout
-            options["polling_interval"] = self.polling_interval
-        return Connection(
+        connection = Connection(
             self.url,
             heartbeat=self.heartbeat if self.is_amqp else 0,
             connect_timeout=self.connect_timeout,
             transport_options=options,
         )
+        if not self.is_amqp:
+            # Not a transport option: the SQLAlchemy transport hands those to create_engine().
+            connection.transport.polling_interval = self.polling_interval
+        return connection

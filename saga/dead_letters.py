@@ -1,4 +1,8 @@
-"""The consumer runtime's SQL: the inbox (deduplication) and dead letters."""
+"""Dead letters: messages that will not be processed without an operator.
+
+The relay, the consumer runtime and the orchestrator all record them here,
+one table per service database, with the reason and the exact body.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,6 @@ from uuid import UUID
 import psycopg
 
 from saga.identifiers import render
-
-_RECORD_INBOX = """
-INSERT INTO {schema}.inbox (consumer, message_id) VALUES (%s, %s)
-ON CONFLICT DO NOTHING
-"""
 
 _DEAD_LETTER = """
 INSERT INTO {schema}.dead_letters
@@ -44,20 +43,15 @@ class DeadLetter:
     first_failed_at: datetime | None = None
 
 
-class ConsumerStore:
-    """Inbox and dead-letter statements on one schema."""
+class DeadLetterStore:
+    """Dead-letter statements on one schema."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        self._record_inbox = render(_RECORD_INBOX, schema)
         self._dead_letter = render(_DEAD_LETTER, schema)
 
-    def record_inbox(self, conn: psycopg.Connection[Any], consumer: str, message_id: UUID) -> bool:
-        """Insert the inbox row; False if this consumer already processed ``message_id``."""
-        cur = conn.execute(self._record_inbox, (consumer, message_id), prepare=True)
-        return cur.rowcount == 1
-
-    def dead_letter(self, conn: psycopg.Connection[Any], letter: DeadLetter) -> int:
+    def add(self, conn: psycopg.Connection[Any], letter: DeadLetter) -> int:
+        """Record ``letter`` in the caller's transaction; return its id."""
         row = conn.execute(
             self._dead_letter,
             (

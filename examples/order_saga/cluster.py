@@ -1,0 +1,83 @@
+"""The four services of the example: their databases, processes and seed data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from saga.migrate import migrate
+
+SERVICES = ("orders", "customers", "inventory", "payments")
+TARGETS = {
+    "orders": "examples.order_saga.orders:registry",
+    "customers": "examples.order_saga.customers:service",
+    "inventory": "examples.order_saga.inventory:service",
+    "payments": "examples.order_saga.payments:service",
+}
+SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
+
+#: Seed data. Failures come from the data, as they would in production.
+RICH_CUSTOMERS = [f"c-{i:02d}" for i in range(20)]
+BROKE_CUSTOMER = "c-broke"
+COMMON_SKUS = [f"sku-{i:02d}" for i in range(10)]
+RARE_SKU = "sku-rare"
+CLOSED_REGION = "atlantis"
+OPEN_REGIONS = ["north", "south", "east", "west"]
+CREDIT_EACH = 10_000_000_000
+STOCK_EACH = 1_000_000
+
+
+@dataclass
+class Cluster:
+    """Where each service's database is, and how its processes reach the broker."""
+
+    database_urls: dict[str, str]
+    broker_url: str
+    queue_prefix: str = "saga."
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def prepare(self) -> None:
+        """Migrate every database and create the business tables (idempotent)."""
+        for service in SERVICES:
+            with psycopg.connect(self.database_urls[service]) as conn:
+                migrate(conn, "saga")
+                conn.execute((SCHEMA_DIR / f"{service}.sql").read_bytes())
+        self._seed()
+
+    def _seed(self) -> None:
+        with psycopg.connect(self.database_urls["customers"]) as conn:
+            conn.cursor().executemany(
+                "INSERT INTO credit VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                [(c, CREDIT_EACH, CREDIT_EACH) for c in RICH_CUSTOMERS] + [(BROKE_CUSTOMER, 0, 0)],
+            )
+        with psycopg.connect(self.database_urls["inventory"]) as conn:
+            conn.cursor().executemany(
+                "INSERT INTO stock VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                [(s, STOCK_EACH, STOCK_EACH) for s in COMMON_SKUS] + [(RARE_SKU, 0, 0)],
+            )
+            conn.execute(
+                "INSERT INTO closed_regions VALUES (%s) ON CONFLICT DO NOTHING", (CLOSED_REGION,)
+            )
+
+    def env(self, service: str) -> dict[str, str]:
+        """The environment of a ``saga relay`` or ``saga consume`` process for ``service``."""
+        return {
+            "SAGA_DATABASE_URL": self.database_urls[service],
+            "SAGA_BROKER_URL": self.broker_url,
+            "SAGA_QUEUE_PREFIX": self.queue_prefix,
+            **self.extra_env,
+        }
+
+    def commands(self) -> list[tuple[str, list[str], dict[str, str]]]:
+        """(name, saga arguments, environment) of every process: a relay and a consumer each."""
+        result = []
+        for service in SERVICES:
+            result.append((f"{service}-relay", ["relay"], self.env(service)))
+            result.append((service, ["consume", TARGETS[service]], self.env(service)))
+        return result
+
+    def connect(self, service: str, **kwargs: Any) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.database_urls[service], **kwargs)

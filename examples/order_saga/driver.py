@@ -1,0 +1,114 @@
+"""Submits orders with configurable failure rates at each step, and waits for the outcome."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from examples.order_saga import cluster
+from examples.order_saga.cluster import Cluster
+from examples.order_saga.orders import OrderData, create_order
+from examples.order_saga.payments import DECLINED
+
+
+@dataclass(frozen=True)
+class FailureRates:
+    """Probability that an order fails at each step (through its data, not a flag)."""
+
+    stock: float = 0.05
+    credit: float = 0.05
+    payment: float = 0.05
+    shipment: float = 0.05
+
+
+def make_orders(
+    count: int, rates: FailureRates, seed: int = 7, prefix: str = "o"
+) -> list[OrderData]:
+    rng = random.Random(seed)
+    orders = []
+    for i in range(count):
+        roll = rng.random()
+        edges = [rates.stock, rates.credit, rates.payment, rates.shipment]
+        bounds = [sum(edges[: k + 1]) for k in range(4)]
+        quantity = rng.randint(1, 3)
+        orders.append(
+            OrderData(
+                order_id=f"{prefix}-{i:06d}",
+                customer_id=cluster.BROKE_CUSTOMER
+                if bounds[0] <= roll < bounds[1]
+                else rng.choice(cluster.RICH_CUSTOMERS),
+                sku=cluster.RARE_SKU if roll < bounds[0] else rng.choice(cluster.COMMON_SKUS),
+                quantity=quantity,
+                amount_cents=rng.randint(100, 50_000),
+                card_token=DECLINED
+                if bounds[1] <= roll < bounds[2]
+                else f"tok_{rng.randrange(10**6)}",
+                region=cluster.CLOSED_REGION
+                if bounds[2] <= roll < bounds[3]
+                else rng.choice(cluster.OPEN_REGIONS),
+            )
+        )
+    return orders
+
+
+def submit(
+    system: Cluster,
+    orders: list[OrderData],
+    on_progress: Callable[[int], None] | None = None,
+    per_transaction: int = 20,
+) -> None:
+    """Start one saga per order (idempotency key: the order id), a few per transaction."""
+    with system.connect("orders") as conn:
+        for start in range(0, len(orders), per_transaction):
+            chunk = orders[start : start + per_transaction]
+            with conn.transaction():
+                for order in chunk:
+                    create_order.start(conn, order, idempotency_key=order.order_id)
+            if on_progress:
+                on_progress(len(chunk))
+
+
+def status_counts(system: Cluster, prefix: str | None = None) -> dict[str, int]:
+    with system.connect("orders") as conn:
+        rows = conn.execute(
+            "SELECT status, count(*) FROM saga.saga_instances "
+            "WHERE %s::text IS NULL OR data->>'order_id' LIKE %s || '-%%' GROUP BY status",
+            (prefix, prefix),
+        ).fetchall()
+    return {status: count for status, count in rows}
+
+
+def wait_until_settled(
+    system: Cluster,
+    total: int,
+    timeout: float,
+    on_progress: Callable[[int], None] | None = None,
+    prefix: str | None = None,
+) -> dict[str, int]:
+    """Poll until ``total`` sagas are finished (or need an operator); return the counts."""
+    deadline = time.monotonic() + timeout
+    done = 0
+    while True:
+        counts = status_counts(system, prefix)
+        settled = sum(n for s, n in counts.items() if s not in ("running", "compensating"))
+        if on_progress and settled > done:
+            on_progress(settled - done)
+        done = max(done, settled)
+        if settled >= total or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.2)
+
+
+def sample_sagas(system: Cluster, statuses: tuple[str, ...], each: int = 1) -> list[Any]:
+    with system.connect("orders") as conn:
+        return [
+            row[0]
+            for status in statuses
+            for row in conn.execute(
+                "SELECT id FROM saga.saga_instances WHERE status = %s ORDER BY started_at LIMIT %s",
+                (status, each),
+            ).fetchall()
+        ]

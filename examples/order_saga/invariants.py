@@ -1,0 +1,143 @@
+"""Business invariants of the example: money and stock add up, no effect applied twice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from examples.order_saga.cluster import Cluster
+
+
+@dataclass
+class Report:
+    figures: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
+    with system.connect(service) as conn:
+        return conn.execute(query).fetchall()  # type: ignore[arg-type]
+
+
+def check(system: Cluster) -> Report:
+    report = Report()
+    sagas = dict(
+        _rows(system, "orders", "SELECT data->>'order_id', status FROM saga.saga_instances")
+    )
+    orders = {
+        r[0]: (r[1], r[2], r[3])
+        for r in _rows(system, "orders", "SELECT id, status, customer_id, amount_cents FROM orders")
+    }
+    for status in ("completed", "compensated", "running", "compensating"):
+        report.figures[f"sagas_{status}"] = sum(1 for s in sagas.values() if s == status)
+    bad = {o: s for o, s in sagas.items() if s not in ("completed", "compensated")}
+    if bad:
+        report.violations.append(f"{len(bad)} sagas are not finished, e.g. {list(bad.items())[:3]}")
+    expected = {"completed": "approved", "compensated": "rejected"}
+    for order_id, status in sagas.items():
+        if status in expected and orders.get(order_id, ("missing",))[0] != expected[status]:
+            report.violations.append(
+                f"order {order_id}: saga {status} but order {orders.get(order_id)}"
+            )
+    approved = {o for o, (s, _, _) in orders.items() if s == "approved"}
+    rejected = {o for o, (s, _, _) in orders.items() if s == "rejected"}
+    _check_credit(system, report, orders, approved)
+    _check_stock(system, report, approved, rejected)
+    _check_payments(system, report, orders, approved, rejected)
+    return report
+
+
+def _duplicates(system: Cluster, service: str, table: str, report: Report) -> None:
+    dup = _rows(
+        system, service, f"SELECT id, count(*) FROM {table} GROUP BY id HAVING count(*) > 1"
+    )
+    report.figures[f"duplicate_{table}"] = len(dup)
+    if dup:
+        report.violations.append(f"{table}: effect applied twice for {dup[:3]}")
+
+
+def _check_credit(
+    system: Cluster, report: Report, orders: dict[str, Any], approved: set[str]
+) -> None:
+    _duplicates(system, "customers", "credit_reservations", report)
+    held = dict(
+        _rows(
+            system,
+            "customers",
+            "SELECT order_id, sum(amount_cents) FROM credit_reservations "
+            "WHERE status = 'reserved' GROUP BY order_id",
+        )
+    )
+    expected = {o: orders[o][2] for o in approved}
+    if {k: int(v) for k, v in held.items()} != expected:
+        report.violations.append("credit reserved does not match the completed orders' amounts")
+    drift = _rows(
+        system,
+        "customers",
+        "SELECT c.customer_id FROM credit c LEFT JOIN (SELECT customer_id, sum(amount_cents) AS s "
+        "FROM credit_reservations WHERE status = 'reserved' GROUP BY customer_id) r "
+        "USING (customer_id) WHERE c.initial - c.available <> coalesce(r.s, 0)",
+    )
+    if drift:
+        report.violations.append(f"credit balances drifted for {drift[:3]}")
+    report.figures["credit_reserved_cents"] = sum(int(v) for v in held.values())
+
+
+def _check_stock(system: Cluster, report: Report, approved: set[str], rejected: set[str]) -> None:
+    _duplicates(system, "inventory", "stock_reservations", report)
+    _duplicates(system, "inventory", "shipments", report)
+    by_order = {
+        r[0]: r[1]
+        for r in _rows(system, "inventory", "SELECT order_id, status FROM stock_reservations")
+    }
+    for order in approved:
+        if by_order.get(order) != "shipped":
+            report.violations.append(f"approved order {order} has stock {by_order.get(order)}")
+    for order in rejected:
+        if by_order.get(order, "released") != "released":
+            report.violations.append(
+                f"rejected order {order} still holds stock ({by_order[order]})"
+            )
+    drift = _rows(
+        system,
+        "inventory",
+        "SELECT s.sku FROM stock s LEFT JOIN (SELECT sku, sum(quantity) AS q FROM stock_reservations "
+        "WHERE status IN ('reserved', 'shipped') GROUP BY sku) r USING (sku) "
+        "WHERE s.initial - s.available <> coalesce(r.q, 0)",
+    )
+    if drift:
+        report.violations.append(f"stock levels drifted for {drift[:3]}")
+
+
+def _check_payments(
+    system: Cluster, report: Report, orders: dict[str, Any], approved: set[str], rejected: set[str]
+) -> None:
+    _duplicates(system, "payments", "charges", report)
+    charges = _rows(system, "payments", "SELECT order_id, status, id FROM charges")
+    refunds = _rows(
+        system, "payments", "SELECT charge_id, count(*) FROM refunds GROUP BY charge_id"
+    )
+    per_order: dict[str, list[str]] = {}
+    for order_id, status, _ in charges:
+        per_order.setdefault(order_id, []).append(status)
+    for order, statuses in per_order.items():
+        if len(statuses) > 1:
+            report.violations.append(f"order {order} charged {len(statuses)} times")
+    for order in approved:
+        if per_order.get(order) != ["charged"]:
+            report.violations.append(f"approved order {order} has charges {per_order.get(order)}")
+    for order in rejected:
+        if per_order.get(order, ["refunded"]) != ["refunded"]:
+            report.violations.append(f"rejected order {order} kept its charge")
+    charge_ids = {c[2] for c in charges}
+    for charge_id, count in refunds:
+        if charge_id not in charge_ids:
+            report.violations.append(f"refund without a charge: {charge_id}")
+        if count > 1:
+            report.violations.append(f"charge {charge_id} refunded {count} times")
+    report.figures["charges"] = len(charges)
+    report.figures["refunds"] = sum(c for _, c in refunds)

@@ -1,0 +1,67 @@
+"""The inventory service: reserves and releases stock, schedules shipments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from consumers import HandlerContext, Service, StepFailed
+from examples.order_saga.flakiness import maybe_glitch
+from examples.order_saga.messages import (
+    ReleaseStock,
+    ReserveStock,
+    ScheduleShipment,
+    ShipmentScheduled,
+    StockReserved,
+)
+
+Tx = psycopg.Connection[Any]
+
+service = Service("inventory")
+
+
+@service.handler(ReserveStock)
+def reserve_stock(tx: Tx, cmd: ReserveStock, ctx: HandlerContext) -> StockReserved:
+    maybe_glitch("reserve_stock")
+    row = tx.execute(
+        "UPDATE stock SET available = available - %s WHERE sku = %s AND available >= %s "
+        "RETURNING available",
+        (cmd.quantity, cmd.sku, cmd.quantity),
+    ).fetchone()
+    if row is None:
+        raise StepFailed(f"not enough {cmd.sku} in stock for {cmd.quantity}", code="stock")
+    tx.execute(
+        "INSERT INTO stock_reservations (id, order_id, sku, quantity, status) "
+        "VALUES (%s, %s, %s, %s, 'reserved')",
+        (ctx.idempotency_key, cmd.order_id, cmd.sku, cmd.quantity),
+    )
+    return StockReserved(reservation_id=ctx.idempotency_key)
+
+
+@service.handler(ReleaseStock)
+def release_stock(tx: Tx, cmd: ReleaseStock, ctx: HandlerContext) -> None:
+    maybe_glitch("release_stock")
+    row = tx.execute(
+        "UPDATE stock_reservations SET status = 'released' "
+        "WHERE id = %s AND status = 'reserved' RETURNING sku, quantity",
+        (cmd.reservation_id,),
+    ).fetchone()
+    if row is not None:
+        tx.execute("UPDATE stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))
+
+
+@service.handler(ScheduleShipment)
+def schedule_shipment(tx: Tx, cmd: ScheduleShipment, ctx: HandlerContext) -> ShipmentScheduled:
+    maybe_glitch("schedule_shipment")
+    if tx.execute("SELECT 1 FROM closed_regions WHERE region = %s", (cmd.region,)).fetchone():
+        raise StepFailed(f"no shipping to {cmd.region}", code="region")
+    tx.execute(
+        "INSERT INTO shipments (id, order_id, reservation_id, region) VALUES (%s, %s, %s, %s)",
+        (ctx.idempotency_key, cmd.order_id, cmd.stock_reservation_id, cmd.region),
+    )
+    tx.execute(
+        "UPDATE stock_reservations SET status = 'shipped' WHERE id = %s",
+        (cmd.stock_reservation_id,),
+    )
+    return ShipmentScheduled(shipment_id=ctx.idempotency_key)

@@ -1,0 +1,98 @@
+"""The orders service: home of the create_order saga (the whole flow is in this file)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from pydantic import BaseModel
+
+from examples.order_saga.messages import (
+    CardCharged,
+    ChargeCard,
+    CreditReserved,
+    RefundCharge,
+    ReleaseCredit,
+    ReleaseStock,
+    ReserveCredit,
+    ReserveStock,
+    ScheduleShipment,
+    ShipmentScheduled,
+    StockReserved,
+)  # fmt: skip
+from saga import Saga, SagaRegistry
+
+Tx = psycopg.Connection[Any]
+
+
+class OrderData(BaseModel):
+    order_id: str
+    customer_id: str
+    sku: str
+    quantity: int
+    amount_cents: int
+    card_token: str
+    region: str
+    stock_reservation_id: str | None = None
+    credit_reservation_id: str | None = None
+    charge_id: str | None = None
+    shipment_id: str | None = None
+
+
+create_order = Saga("create_order", data=OrderData, version=1)
+
+
+@create_order.local("create_pending_order", compensate="reject_order")
+def create_pending_order(tx: Tx, d: OrderData) -> None:
+    tx.execute(
+        "INSERT INTO orders (id, customer_id, amount_cents, status) VALUES (%s, %s, %s, 'pending')",
+        (d.order_id, d.customer_id, d.amount_cents),
+    )
+
+
+@create_order.local_compensation("reject_order")
+def reject_order(tx: Tx, d: OrderData) -> None:
+    tx.execute("UPDATE orders SET status = 'rejected' WHERE id = %s", (d.order_id,))
+
+
+create_order.remote(
+    "reserve_stock",
+    service="inventory",
+    command=ReserveStock,
+    reply=StockReserved,
+    on_reply=lambda d, r: d.model_copy(update={"stock_reservation_id": r.reservation_id}),
+    compensate=lambda d: ReleaseStock(reservation_id=d.stock_reservation_id),
+)
+create_order.remote(
+    "reserve_credit",
+    service="customers",
+    command=ReserveCredit,
+    reply=CreditReserved,
+    on_reply=lambda d, r: d.model_copy(update={"credit_reservation_id": r.reservation_id}),
+    compensate=lambda d: ReleaseCredit(reservation_id=d.credit_reservation_id),
+)
+create_order.remote(
+    "charge_payment",
+    service="payments",
+    command=ChargeCard,
+    reply=CardCharged,
+    on_reply=lambda d, r: d.model_copy(update={"charge_id": r.charge_id}),
+    compensate=lambda d: RefundCharge(charge_id=d.charge_id),
+)
+create_order.remote(  # the pivot: once shipment is scheduled, the order goes through
+    "schedule_shipment",
+    service="inventory",
+    command=ScheduleShipment,
+    reply=ShipmentScheduled,
+    on_reply=lambda d, r: d.model_copy(update={"shipment_id": r.shipment_id}),
+    pivot=True,
+)
+
+
+@create_order.local("approve_order")
+def approve_order(tx: Tx, d: OrderData) -> None:
+    tx.execute("UPDATE orders SET status = 'approved' WHERE id = %s", (d.order_id,))
+
+
+registry = SagaRegistry("orders")
+registry.register(create_order)

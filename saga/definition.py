@@ -1,0 +1,318 @@
+"""Declaring a saga: its data model and its ordered, named steps, in one place.
+
+>>> create_order = Saga("create_order", data=OrderData, version=1)   # doctest: +SKIP
+>>> @create_order.local("create_pending_order", compensate="reject_order")
+... def create_pending_order(tx, data): ...
+>>> create_order.remote("reserve_credit", service="customers",
+...     command=lambda d: ReserveCredit(...), reply=CreditReserved,
+...     on_reply=lambda d, r: d.model_copy(update={"reservation_id": r.reservation_id}),
+...     compensate=lambda d: ReleaseCredit(reservation_id=d.reservation_id))
+
+Steps run in declaration order. A step marked ``pivot=True`` is the point of
+no return: the steps after it are retried until they succeed and are never
+compensated. Mistakes are reported by :meth:`Saga.validate` (run when the
+saga is registered), not when a saga instance first reaches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, cast, get_type_hints
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel
+
+from saga.errors import ConfigurationError
+from saga.identifiers import validate_name
+
+D = TypeVar("D", bound=BaseModel)
+
+Tx = psycopg.Connection[Any]
+LocalAction = Callable[[Tx, Any], BaseModel | None]
+CommandBuilder = Callable[[Any], BaseModel]
+ReplyHandler = Callable[[Any, Any], BaseModel]
+Condition = Callable[[Any], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRetry:
+    """How often a step after the pivot, or a compensation, is tried again.
+
+    Attempt ``n`` waits ``min(initial_delay * 2 ** (n - 1), max_delay)`` seconds.
+    """
+
+    attempts: int = 5
+    initial_delay: float = 1.0
+    max_delay: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.initial_delay * 2 ** max(attempt - 1, 0), self.max_delay))
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStep:
+    """Code run inside the orchestrator's own transaction."""
+
+    name: str
+    action: LocalAction
+    compensation: LocalAction | str | None = None
+    when: Condition | None = None
+    pivot: bool = False
+
+    kind = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStep:
+    """A command sent to a participant service, completed by its reply."""
+
+    name: str
+    command: CommandBuilder
+    service: str | None = None
+    command_type: type[BaseModel] | None = None
+    reply: type[BaseModel] | None = None
+    on_reply: ReplyHandler | None = None
+    compensation: CommandBuilder | None = None
+    compensation_service: str | None = None
+    when: Condition | None = None
+    pivot: bool = False
+
+    kind = "remote"
+
+
+Step = LocalStep | RemoteStep
+
+
+@dataclass(slots=True)
+class _Draft:
+    local_compensations: dict[str, LocalAction] = field(default_factory=dict)
+
+
+class Saga(Generic[D]):
+    """A named, versioned saga definition over a pydantic data model."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        data: type[D],
+        version: int = 1,
+        retry: StepRetry | None = None,
+    ) -> None:
+        self.name = validate_name(name, "saga name")
+        if not (isinstance(data, type) and issubclass(data, BaseModel)):
+            raise ConfigurationError(f"saga {name!r}: data must be a pydantic model class")
+        if version < 1:
+            raise ConfigurationError(f"saga {name!r}: version must be 1 or more")
+        self.data_model = data
+        self.version = version
+        self.retry = retry or StepRetry()
+        self.steps: list[Step] = []
+        self._draft = _Draft()
+        self.registry: Any = None  # set by SagaRegistry.register
+
+    def __repr__(self) -> str:
+        return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
+
+    # -- declaring steps -----------------------------------------------------
+
+    def local(
+        self,
+        name: str,
+        *,
+        compensate: LocalAction | str | None = None,
+        when: Condition | None = None,
+        pivot: bool = False,
+    ) -> Callable[[LocalAction], LocalAction]:
+        """Decorator: ``fn(tx, data)`` runs in the orchestrator's transaction.
+
+        It may return a new data object (saved with the saga) or None.
+        """
+
+        def register(action: LocalAction) -> LocalAction:
+            self.steps.append(LocalStep(name, action, compensate, when, pivot))
+            return action
+
+        return register
+
+    def local_compensation(self, name: str) -> Callable[[LocalAction], LocalAction]:
+        """Decorator: a named local compensation, referred to by ``compensate="name"``."""
+
+        def register(action: LocalAction) -> LocalAction:
+            if name in self._draft.local_compensations:
+                raise ConfigurationError(f"saga {self.name!r}: compensation {name!r} defined twice")
+            self._draft.local_compensations[name] = action
+            return action
+
+        return register
+
+    def remote(
+        self,
+        name: str,
+        *,
+        command: CommandBuilder | type[BaseModel],
+        service: str | None = None,
+        reply: type[BaseModel] | None = None,
+        on_reply: ReplyHandler | None = None,
+        compensate: CommandBuilder | type[BaseModel] | None = None,
+        compensate_service: str | None = None,
+        when: Condition | None = None,
+        pivot: bool = False,
+    ) -> None:
+        """A step that sends ``command(data)`` to ``service`` and waits for its reply.
+
+        ``command`` (and ``compensate``) is a function of the saga data, or a
+        message class built from the data's fields of the same names.
+        ``on_reply(data, reply)`` returns the updated data.
+        """
+        self.steps.append(
+            RemoteStep(
+                name=name,
+                command=_builder(command),
+                service=service,
+                command_type=_message_type(command),
+                reply=reply,
+                on_reply=on_reply,
+                compensation=_builder(compensate) if compensate is not None else None,
+                compensation_service=compensate_service,
+                when=when,
+                pivot=pivot,
+            )
+        )
+
+    # -- inspection ----------------------------------------------------------
+
+    def step(self, name: str) -> Step:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"saga {self.name!r} v{self.version} has no step {name!r}")
+
+    def index(self, name: str) -> int:
+        return self.steps.index(self.step(name))
+
+    @property
+    def pivot_index(self) -> int | None:
+        for i, step in enumerate(self.steps):
+            if step.pivot:
+                return i
+        return None
+
+    def after_pivot(self, name: str) -> bool:
+        """True for steps that only go forward (after the pivot step)."""
+        pivot = self.pivot_index
+        return pivot is not None and self.index(name) > pivot
+
+    def local_compensation_for(self, step: LocalStep) -> LocalAction | None:
+        if step.compensation is None or callable(step.compensation):
+            return step.compensation
+        return self._draft.local_compensations[step.compensation]
+
+    def compensation_service(self, step: RemoteStep) -> str:
+        return step.compensation_service or self.service_of(step)
+
+    def service_of(self, step: RemoteStep) -> str:
+        if step.service:
+            return step.service
+        routes: dict[type[BaseModel], str] = getattr(self.registry, "routes", {}) or {}
+        if step.command_type is not None and step.command_type in routes:
+            return routes[step.command_type]
+        raise ConfigurationError(f"saga {self.name!r}: step {step.name!r} has no route")
+
+    def start(
+        self, conn: psycopg.Connection[Any], data: D, *, idempotency_key: str | None = None
+    ) -> UUID:
+        """Start an instance in the caller's transaction (the saga must be registered)."""
+        if self.registry is None:
+            raise ConfigurationError(
+                f"saga {self.name!r} is not registered: call SagaRegistry(...).register(saga) first"
+            )
+        started: UUID = self.registry.start(conn, self, data, idempotency_key=idempotency_key)
+        return started
+
+    def validate(self, routes: dict[type[BaseModel], str] | None = None) -> None:
+        """Raise :class:`ConfigurationError` listing every mistake in this definition."""
+        problems: list[str] = []
+        seen: set[str] = set()
+        routes = routes or {}
+        pivots = [s.name for s in self.steps if s.pivot]
+        if not self.steps:
+            problems.append("it has no steps")
+        if len(pivots) > 1:
+            problems.append(f"more than one pivot step: {pivots}")
+        pivot = self.pivot_index
+        for i, step in enumerate(self.steps):
+            try:
+                validate_name(step.name, "step name")
+            except ConfigurationError as exc:
+                problems.append(str(exc))
+            if step.name in seen:
+                problems.append(f"duplicate step name {step.name!r}")
+            seen.add(step.name)
+            has_compensation = step.compensation is not None
+            if pivot is not None and i > pivot and has_compensation:
+                problems.append(
+                    f"step {step.name!r} comes after the pivot {self.steps[pivot].name!r} "
+                    "and so is never compensated; remove its compensation"
+                )
+            if isinstance(step, LocalStep):
+                name = step.compensation
+                if isinstance(name, str) and name not in self._draft.local_compensations:
+                    problems.append(
+                        f"step {step.name!r} names compensation {name!r}, "
+                        "which no @local_compensation defines"
+                    )
+            else:
+                problems.extend(self._route_problems(step, routes))
+        if problems:
+            raise ConfigurationError(
+                f"saga {self.name!r} v{self.version} is invalid:\n  - " + "\n  - ".join(problems)
+            )
+
+    def _route_problems(self, step: RemoteStep, routes: dict[type[BaseModel], str]) -> list[str]:
+        if step.service:
+            try:
+                validate_name(step.service, "service name")
+            except ConfigurationError as exc:
+                return [f"step {step.name!r}: {exc}"]
+            return []
+        if step.command_type is None:
+            return [
+                f"step {step.name!r}: the command's type is unknown and no service= is given; "
+                "pass service=, or a message class / annotated function as command="
+            ]
+        if step.command_type not in routes:
+            return [
+                f"step {step.name!r}: command type {step.command_type.__name__} has no route; "
+                "pass service= or add it to the registry's routes"
+            ]
+        return []
+
+
+def _builder(command: CommandBuilder | type[BaseModel]) -> CommandBuilder:
+    if isinstance(command, type) and issubclass(command, BaseModel):
+        model = command
+
+        def build(data: BaseModel) -> BaseModel:
+            return model.model_validate(data.model_dump())
+
+        build.__qualname__ = f"{model.__name__}.from_saga_data"
+        return build
+    if not callable(command):
+        raise ConfigurationError(f"command must be a message class or a function, got {command!r}")
+    return cast(CommandBuilder, command)
+
+
+def _message_type(command: object) -> type[BaseModel] | None:
+    if isinstance(command, type) and issubclass(command, BaseModel):
+        return command
+    try:
+        hints = get_type_hints(command)
+    except Exception:
+        return None
+    returned = hints.get("return")
+    if isinstance(returned, type) and issubclass(returned, BaseModel):
+        return returned
+    return None

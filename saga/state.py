@@ -1,0 +1,93 @@
+"""The state of one saga instance, as stored in ``saga_instances``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+
+class SagaStatus(StrEnum):
+    """Where a saga stands. The last four are final or need an operator.
+
+    running -> completed
+    running -> compensating -> compensated
+    compensating -> compensation_failed   (a compensation kept failing: operator)
+    running -> forward_failed             (a step after the pivot kept failing: operator)
+    """
+
+    RUNNING = "running"
+    COMPENSATING = "compensating"
+    COMPLETED = "completed"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+    FORWARD_FAILED = "forward_failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (SagaStatus.COMPLETED, SagaStatus.COMPENSATED)
+
+    @property
+    def needs_operator(self) -> bool:
+        return self in (SagaStatus.COMPENSATION_FAILED, SagaStatus.FORWARD_FAILED)
+
+
+class Phase(StrEnum):
+    FORWARD = "forward"
+    COMPENSATION = "compensation"
+
+
+@dataclass(slots=True)
+class SagaRecord:
+    """One ``saga_instances`` row; ``version`` guards every update."""
+
+    id: UUID
+    name: str
+    saga_version: int
+    status: SagaStatus
+    step: str | None
+    data: dict[str, Any]
+    completed_steps: list[str]
+    pending_message_id: UUID | None
+    step_attempt: int
+    cancel_requested: bool
+    last_error: str | None
+    idempotency_key: str | None
+    version: int
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
+    step_started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepLogEntry:
+    """One row of ``saga_steps``: an attempt of a step or of its compensation."""
+
+    saga_id: UUID
+    step: str
+    phase: Phase
+    attempt: int
+    outcome: str
+    started_at: datetime
+    finished_at: datetime
+    error: str | None = None
+    message_id: UUID | None = None
+
+
+@dataclass(slots=True)
+class SagaSummary:
+    """A row of ``saga list``."""
+
+    id: UUID
+    name: str
+    saga_version: int
+    status: str
+    step: str | None
+    last_error: str | None
+    started_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,190 @@
+"""The orchestrator's SQL: saga instances and their step log."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from saga.identifiers import render
+from saga.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
+
+_COLUMNS = """id, name, saga_version, status, step, data, completed_steps, pending_message_id,
+    step_attempt, cancel_requested, last_error, idempotency_key, version, started_at,
+    updated_at, step_started_at, finished_at"""
+
+_INSERT = """
+INSERT INTO {schema}.saga_instances
+    (id, name, saga_version, status, data, idempotency_key)
+VALUES (%s, %s, %s, 'running', %s, %s)
+ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+"""
+
+_BY_KEY = "SELECT id FROM {schema}.saga_instances WHERE name = %s AND idempotency_key = %s"
+
+_LOAD = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = %s"
+
+_UPDATE = """
+UPDATE {schema}.saga_instances SET
+    status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
+    step_attempt = %s, cancel_requested = %s, last_error = %s, step_started_at = %s,
+    finished_at = CASE WHEN %s THEN now() ELSE NULL END,
+    updated_at = now(), version = version + 1
+WHERE id = %s AND version = %s
+"""
+
+_LOG = """
+INSERT INTO {schema}.saga_steps
+    (saga_id, step, phase, attempt, outcome, started_at, finished_at, error, message_id)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+_TIMELINE = """
+SELECT step, phase, attempt, outcome, started_at, finished_at, error, message_id
+FROM {schema}.saga_steps WHERE saga_id = %s ORDER BY id
+"""
+
+_LIST = """
+SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at
+FROM {schema}.saga_instances
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(older)s::interval IS NULL OR started_at < now() - %(older)s::interval)
+  AND (%(newer)s::interval IS NULL OR started_at >= now() - %(newer)s::interval)
+ORDER BY started_at DESC, id DESC
+LIMIT %(limit)s
+"""
+
+
+class ConcurrentUpdate(Exception):
+    """Another transaction changed the saga first; the handler is retried."""
+
+
+class SagaStore:
+    """Statements on one schema's saga tables, on the caller's connection."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._insert = render(_INSERT, schema)
+        self._by_key = render(_BY_KEY, schema)
+        self._load = render(_LOAD, schema)
+        self._update = render(_UPDATE, schema)
+        self._log = render(_LOG, schema)
+        self._timeline = render(_TIMELINE, schema)
+        self._list = render(_LIST, schema)
+
+    def insert(
+        self,
+        conn: psycopg.Connection[Any],
+        saga_id: UUID,
+        name: str,
+        saga_version: int,
+        data: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> UUID | None:
+        """Insert a new running saga; None if one with this idempotency key exists."""
+        cur = conn.execute(
+            self._insert, (saga_id, name, saga_version, Jsonb(data), idempotency_key)
+        )
+        return saga_id if cur.rowcount == 1 else None
+
+    def find_by_key(self, conn: psycopg.Connection[Any], name: str, key: str) -> UUID | None:
+        row = conn.execute(self._by_key, (name, key)).fetchone()
+        return row[0] if row else None
+
+    def load(self, conn: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord | None:
+        row = conn.execute(self._load, (saga_id,), prepare=True).fetchone()
+        if row is None:
+            return None
+        return SagaRecord(
+            id=row[0],
+            name=row[1],
+            saga_version=row[2],
+            status=SagaStatus(row[3]),
+            step=row[4],
+            data=row[5],
+            completed_steps=list(row[6]),
+            pending_message_id=row[7],
+            step_attempt=row[8],
+            cancel_requested=row[9],
+            last_error=row[10],
+            idempotency_key=row[11],
+            version=row[12],
+            started_at=row[13],
+            updated_at=row[14],
+            step_started_at=row[15],
+            finished_at=row[16],
+        )
+
+    def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
+        """Write ``record`` if nobody changed it since it was read; bump its version."""
+        cur = conn.execute(
+            self._update,
+            (
+                record.status.value,
+                record.step,
+                Jsonb(record.data),
+                record.completed_steps,
+                record.pending_message_id,
+                record.step_attempt,
+                record.cancel_requested,
+                record.last_error,
+                record.step_started_at,
+                record.status.finished or record.status.needs_operator,
+                record.id,
+                record.version,
+            ),
+            prepare=True,
+        )
+        if cur.rowcount != 1:
+            raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
+        record.version += 1
+
+    def log(self, conn: psycopg.Connection[Any], entries: Sequence[StepLogEntry]) -> None:
+        if not entries:
+            return
+        params = [
+            (
+                e.saga_id,
+                e.step,
+                e.phase.value,
+                e.attempt,
+                e.outcome,
+                e.started_at,
+                e.finished_at,
+                e.error,
+                e.message_id,
+            )
+            for e in entries
+        ]
+        with conn.cursor() as cur:
+            cur.executemany(self._log, params)
+
+    def timeline(self, conn: psycopg.Connection[Any], saga_id: UUID) -> list[tuple[Any, ...]]:
+        return conn.execute(self._timeline, (saga_id,)).fetchall()
+
+    def list(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        older_than: timedelta | None = None,
+        newer_than: timedelta | None = None,
+        limit: int = 50,
+    ) -> list[SagaSummary]:
+        rows = conn.execute(
+            self._list,
+            {
+                "status": status,
+                "name": name,
+                "older": older_than,
+                "newer": newer_than,
+                "limit": limit,
+            },
+        ).fetchall()
+        return [SagaSummary(*row) for row in rows]

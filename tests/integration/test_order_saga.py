@@ -1,0 +1,34 @@
+"""The order saga example across four databases, services in threads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from examples.order_saga import driver, invariants
+from examples.order_saga.cluster import Cluster
+from tests.support.brokers import TestBroker
+from tests.support.databases import DatabaseFactory
+from tests.support.example_cluster import make_cluster, services_in_threads
+
+
+@pytest.fixture
+def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Iterator[Cluster]:
+    system, names = make_cluster(database_factory, rabbit)
+    yield system
+    for name in names:
+        database_factory.drop(name)
+
+
+def test_orders_complete_or_compensate_and_invariants_hold(
+    order_system: Cluster, rabbit: TestBroker
+) -> None:
+    orders = driver.make_orders(60, driver.FailureRates(0.1, 0.1, 0.1, 0.1))
+    with services_in_threads(order_system, rabbit):
+        driver.submit(order_system, orders)
+        counts = driver.wait_until_settled(order_system, len(orders), timeout=120)
+    assert counts.get("running", 0) == counts.get("compensating", 0) == 0, counts
+    assert counts["completed"] > 0 and counts["compensated"] > 0
+    report = invariants.check(order_system)
+    assert report.ok, report.violations

@@ -1,0 +1,61 @@
+"""The order-saga example on test databases, its services in threads or subprocesses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from consumers import ConsumerOptions, ServiceRunner
+from examples.order_saga.cluster import SERVICES, Cluster
+from saga.cli.loading import load_service
+from tests.support.brokers import TestBroker
+from tests.support.databases import DatabaseFactory, TestDatabase
+from tests.support.processes import SagaProcess
+from tests.support.running import running_relay
+
+
+def make_cluster(factory: DatabaseFactory, broker: TestBroker) -> tuple[Cluster, list[str]]:
+    databases = {service: factory.create() for service in SERVICES}
+    broker.use(*SERVICES)
+    system = Cluster(
+        {s: d.url for s, d in databases.items()}, broker.url, broker.topology.queue_prefix
+    )
+    system.prepare()
+    return system, [d.name for d in databases.values()]
+
+
+@contextmanager
+def services_in_threads(system: Cluster, broker: TestBroker, **options: object) -> Iterator[None]:
+    """A relay and a consumer per service, as threads of this process."""
+    from examples.order_saga.cluster import TARGETS
+
+    with ExitStack() as stack:
+        for service in SERVICES:
+            db = TestDatabase(system.database_urls[service], service)
+            stack.enter_context(running_relay(db, broker))
+            runner = ServiceRunner(
+                load_service(TARGETS[service]),
+                system.database_urls[service],
+                broker.config,
+                ConsumerOptions(**options),  # type: ignore[arg-type]
+                broker.topology,
+            )
+            runner.start()
+            stack.callback(runner.stop, 30)
+            assert runner.wait_ready(30)
+        yield
+
+
+@contextmanager
+def services_as_processes(system: Cluster, log_dir: Path) -> Iterator[list[SagaProcess]]:
+    """``saga relay`` and ``saga consume`` per service, as real subprocesses."""
+    processes = [SagaProcess(args, env, log_dir, name) for name, args, env in system.commands()]
+    try:
+        yield processes
+    finally:
+        codes = {p.name: p.terminate(60) for p in processes}
+        failed = {n: c for n, c in codes.items() if c != 0}
+        assert not failed, {
+            n: next(p for p in processes if p.name == n).output()[-3000:] for n in failed
+        }
