@@ -4,6 +4,7 @@ CREATE TABLE saga_instances (
     id                 uuid        PRIMARY KEY,
     name               text        NOT NULL,
     saga_version       integer     NOT NULL,
+    service            text        NOT NULL,
     status             text        NOT NULL CHECK (status IN (
                            'running', 'compensating', 'completed', 'compensated',
                            'compensation_failed', 'forward_failed')),
@@ -13,6 +14,7 @@ CREATE TABLE saga_instances (
     pending_message_id uuid,
     step_attempt       integer     NOT NULL DEFAULT 1,
     cancel_requested   boolean     NOT NULL DEFAULT false,
+    pivot_reached      boolean     NOT NULL DEFAULT false,
     last_error         text,
     idempotency_key    text,
     version            integer     NOT NULL DEFAULT 0,

@@ -71,7 +71,13 @@ class Orchestrator:
             )
         saga_id = uuid7()
         inserted = self.store.insert(
-            tx, saga_id, saga.name, saga.version, data.model_dump(mode="json"), idempotency_key
+            tx,
+            saga_id,
+            saga.name,
+            saga.version,
+            self.registry.service_name,
+            data.model_dump(mode="json"),
+            idempotency_key,
         )
         if inserted is None:
             assert idempotency_key is not None
@@ -101,15 +107,8 @@ class Orchestrator:
         run.on_timer(timer)
         run.commit()
 
-    def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> SagaRecord:
-        record = self.store.load(tx, saga_id)
-        if record is None:
-            raise UnknownSaga(f"no saga {saga_id}")
-        saga = self.registry.definition(record.name, record.saga_version)
-        run = _Run(self, tx, saga, record, cause=None)
-        run.cancel(reason)
-        run.commit()
-        return record
+    def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
+        request_cancel(self.store, tx, saga_id, reason)
 
     # -- helpers -------------------------------------------------------------
 
@@ -133,6 +132,26 @@ class Orchestrator:
                 f"{envelope.type} {envelope.message_id}"
             )
         return record, self.registry.definition(record.name, record.saga_version)
+
+
+def request_cancel(
+    store: SagaStore, tx: psycopg.Connection[Any], saga_id: UUID, reason: str
+) -> None:
+    """Ask a running saga to compensate once its pending step answers.
+
+    Refused (:class:`NotCancellable`) for a finished saga or one that reached
+    its pivot step, which can only go forward.
+    """
+    if store.request_cancel(tx, saga_id, reason):
+        return
+    record = store.load(tx, saga_id)
+    if record is None:
+        raise UnknownSaga(f"no saga {saga_id}")
+    if record.status is not SagaStatus.RUNNING:
+        raise NotCancellable(
+            f"saga {saga_id} is {record.status.value}; only a running saga can be cancelled"
+        )
+    raise NotCancellable(f"saga {saga_id} has reached its pivot step; it can only go forward")
 
 
 class _Run:
@@ -200,25 +219,6 @@ class _Run:
             self._send_forward(step, timer.attempt)
         else:
             self._compensate_next(attempt=timer.attempt)
-
-    def cancel(self, reason: str) -> None:
-        record = self.record
-        if record.status is not SagaStatus.RUNNING:
-            raise NotCancellable(
-                f"saga {record.id} is {record.status.value}; only a running saga can be cancelled"
-            )
-        pivot = self.saga.pivot_index
-        current = self.saga.index(record.step) if record.step else -1
-        if (
-            pivot is not None
-            and max([current, *map(self.saga.index, record.completed_steps)]) >= pivot
-        ):
-            raise NotCancellable(
-                f"saga {record.id} has reached its pivot step {self.saga.steps[pivot].name!r}; "
-                "it can only go forward"
-            )
-        record.cancel_requested = True
-        record.last_error = f"cancelled: {reason}"
 
     # -- moving forward ------------------------------------------------------
 
@@ -403,6 +403,13 @@ class _Run:
             headers=headers,
         )
 
+    def _pivot_reached(self) -> bool:
+        pivot = self.saga.pivot_index
+        if pivot is None:
+            return False
+        names = [*self.record.completed_steps, *([self.record.step] if self.record.step else [])]
+        return any(self.saga.index(name) >= pivot for name in names)
+
     def _current(self) -> Step:
         if self.record.step is None:
             raise StaleReply(f"saga {self.record.id} has no current step")
@@ -445,6 +452,7 @@ class _Run:
     def commit(self) -> None:
         """Save the row (optimistically), the step log, outgoing messages and dead letters."""
         self.record.data = self.data.model_dump(mode="json")
+        self.record.pivot_reached = self._pivot_reached()
         self.o.store.save(self.tx, self.record)
         self.o.store.log(self.tx, self.log)
         self.o.registry.outbox.add_many(self.tx, self.outgoing)

@@ -23,7 +23,6 @@ from saga.identifiers import validate_name, validate_schema
 from saga.orchestrator import Orchestrator
 from saga.outbox import Outbox
 from saga.replies import Ack, FailureReply, StepTimer
-from saga.state import SagaRecord
 
 
 class SagaRegistry:
@@ -116,9 +115,9 @@ class SagaRegistry:
         saga_id: UUID = self.orchestrator.start(conn, definition, data, idempotency_key)
         return saga_id
 
-    def cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> SagaRecord:
+    def cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
         """Ask a running saga to compensate from where it is (in the caller's transaction)."""
-        return self.orchestrator.cancel(conn, saga_id, reason)
+        self.orchestrator.cancel(conn, saga_id, reason)
 
     # -- the consumer ----------------------------------------------------------
 

@@ -46,6 +46,7 @@ class SagaRecord:
     id: UUID
     name: str
     saga_version: int
+    service: str
     status: SagaStatus
     step: str | None
     data: dict[str, Any]
@@ -53,6 +54,7 @@ class SagaRecord:
     pending_message_id: UUID | None
     step_attempt: int
     cancel_requested: bool
+    pivot_reached: bool
     last_error: str | None
     idempotency_key: str | None
     version: int

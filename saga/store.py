@@ -13,14 +13,14 @@ from psycopg.types.json import Jsonb
 from saga.identifiers import render
 from saga.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
 
-_COLUMNS = """id, name, saga_version, status, step, data, completed_steps, pending_message_id,
-    step_attempt, cancel_requested, last_error, idempotency_key, version, started_at,
-    updated_at, step_started_at, finished_at"""
+_COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
+    pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
+    version, started_at, updated_at, step_started_at, finished_at"""
 
 _INSERT = """
 INSERT INTO {schema}.saga_instances
-    (id, name, saga_version, status, data, idempotency_key)
-VALUES (%s, %s, %s, 'running', %s, %s)
+    (id, name, saga_version, service, status, data, idempotency_key)
+VALUES (%s, %s, %s, %s, 'running', %s, %s)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
 
@@ -31,7 +31,8 @@ _LOAD = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = %s"
 _UPDATE = """
 UPDATE {schema}.saga_instances SET
     status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
-    step_attempt = %s, cancel_requested = %s, last_error = %s, step_started_at = %s,
+    step_attempt = %s, cancel_requested = %s, pivot_reached = %s, last_error = %s,
+    step_started_at = %s,
     finished_at = CASE WHEN %s THEN now() ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
@@ -41,6 +42,12 @@ _LOG = """
 INSERT INTO {schema}.saga_steps
     (saga_id, step, phase, attempt, outcome, started_at, finished_at, error, message_id)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+_REQUEST_CANCEL = """
+UPDATE {schema}.saga_instances
+SET cancel_requested = true, last_error = %s, updated_at = now(), version = version + 1
+WHERE id = %s AND status = 'running' AND NOT pivot_reached
 """
 
 _TIMELINE = """
@@ -75,6 +82,7 @@ class SagaStore:
         self._update = render(_UPDATE, schema)
         self._log = render(_LOG, schema)
         self._timeline = render(_TIMELINE, schema)
+        self._request_cancel = render(_REQUEST_CANCEL, schema)
         self._list = render(_LIST, schema)
 
     def insert(
@@ -83,12 +91,13 @@ class SagaStore:
         saga_id: UUID,
         name: str,
         saga_version: int,
+        service: str,
         data: dict[str, Any],
         idempotency_key: str | None,
     ) -> UUID | None:
         """Insert a new running saga; None if one with this idempotency key exists."""
         cur = conn.execute(
-            self._insert, (saga_id, name, saga_version, Jsonb(data), idempotency_key)
+            self._insert, (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
         )
         return saga_id if cur.rowcount == 1 else None
 
@@ -104,20 +113,22 @@ class SagaStore:
             id=row[0],
             name=row[1],
             saga_version=row[2],
-            status=SagaStatus(row[3]),
-            step=row[4],
-            data=row[5],
-            completed_steps=list(row[6]),
-            pending_message_id=row[7],
-            step_attempt=row[8],
-            cancel_requested=row[9],
-            last_error=row[10],
-            idempotency_key=row[11],
-            version=row[12],
-            started_at=row[13],
-            updated_at=row[14],
-            step_started_at=row[15],
-            finished_at=row[16],
+            service=row[3],
+            status=SagaStatus(row[4]),
+            step=row[5],
+            data=row[6],
+            completed_steps=list(row[7]),
+            pending_message_id=row[8],
+            step_attempt=row[9],
+            cancel_requested=row[10],
+            pivot_reached=row[11],
+            last_error=row[12],
+            idempotency_key=row[13],
+            version=row[14],
+            started_at=row[15],
+            updated_at=row[16],
+            step_started_at=row[17],
+            finished_at=row[18],
         )
 
     def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
@@ -132,6 +143,7 @@ class SagaStore:
                 record.pending_message_id,
                 record.step_attempt,
                 record.cancel_requested,
+                record.pivot_reached,
                 record.last_error,
                 record.step_started_at,
                 record.status.finished or record.status.needs_operator,
@@ -143,6 +155,11 @@ class SagaStore:
         if cur.rowcount != 1:
             raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
         record.version += 1
+
+    def request_cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> bool:
+        """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""
+        cur = conn.execute(self._request_cancel, (f"cancelled: {reason}", saga_id))
+        return cur.rowcount == 1
 
     def log(self, conn: psycopg.Connection[Any], entries: Sequence[StepLogEntry]) -> None:
         if not entries:

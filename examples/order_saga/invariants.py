@@ -105,8 +105,9 @@ def _check_stock(system: Cluster, report: Report, approved: set[str], rejected: 
     drift = _rows(
         system,
         "inventory",
-        "SELECT s.sku FROM stock s LEFT JOIN (SELECT sku, sum(quantity) AS q FROM stock_reservations "
-        "WHERE status IN ('reserved', 'shipped') GROUP BY sku) r USING (sku) "
+        "SELECT s.sku FROM stock s LEFT JOIN (SELECT sku, sum(quantity) AS q "
+        "FROM stock_reservations WHERE status IN ('reserved', 'shipped') GROUP BY sku) r "
+        "USING (sku) "
         "WHERE s.initial - s.available <> coalesce(r.q, 0)",
     )
     if drift:

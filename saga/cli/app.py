@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from saga.cli import db, run
+from saga.cli import db, demo, run, sagas
 from saga.cli.common import err_console
 from saga.errors import ConfigurationError, SagaError
 
@@ -20,6 +20,10 @@ app = typer.Typer(
 app.add_typer(db.app, name="db")
 app.command("relay")(run.relay)
 app.command("consume")(run.consume)
+app.command("list")(sagas.list_sagas)
+app.command("show")(sagas.show_saga)
+app.command("cancel")(sagas.cancel_saga)
+app.command("demo")(demo.demo)
 
 
 def main() -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
+import psycopg
 import typer
 from rich.console import Console
 
+from saga.errors import DatabaseUnavailable
 from saga.logs import configure_logging
-from saga.redact import password_of
+from saga.redact import password_of, redact_text
 from saga.settings import (
     ENV_BROKER_URL,
     ENV_DATABASE_URL,
@@ -76,6 +78,17 @@ def settings_from(
     schema: str | None = None,
 ) -> Settings:
     return load_settings(database_url=database_url, broker_url=broker_url, db_schema=schema)
+
+
+def connect(settings: Settings) -> psycopg.Connection[Any]:
+    """A connection to the settings' database, with a clear error when it cannot be had."""
+    url = settings.require_database_url()
+    try:
+        return psycopg.connect(url, autocommit=False)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL: {redact_text(str(exc), password_of(url))}"
+        ) from None
 
 
 def setup_logging(settings: Settings, level: str, fmt: str) -> None:

@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import psycopg
 import typer
 from rich.table import Table
 
 from saga import migrate as migrations
-from saga.cli.common import DatabaseUrlOption, SchemaOption, console, settings_from
-from saga.errors import DatabaseUnavailable
-from saga.redact import password_of, redact_text
+from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
 
 app = typer.Typer(help="Create and upgrade the framework's tables.", no_args_is_help=True)
-
-
-def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
-    try:
-        return psycopg.connect(url, autocommit=False)
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL: {redact_text(str(exc), password_of(url))}"
-        ) from None
 
 
 @app.command("migrate")
 def migrate_command(database_url: DatabaseUrlOption = None, schema: SchemaOption = None) -> None:
     """Apply every pending migration (safe to run from several processes at once)."""
     settings = settings_from(database_url=database_url, schema=schema)
-    with _connect(settings.require_database_url()) as conn:
+    with connect(settings) as conn:
         applied = migrations.migrate(conn, settings.db_schema)
     if applied:
         for migration in applied:
@@ -43,7 +31,7 @@ def migrate_command(database_url: DatabaseUrlOption = None, schema: SchemaOption
 def status_command(database_url: DatabaseUrlOption = None, schema: SchemaOption = None) -> None:
     """List applied and pending migrations."""
     settings = settings_from(database_url=database_url, schema=schema)
-    with _connect(settings.require_database_url()) as conn:
+    with connect(settings) as conn:
         states = migrations.status(conn, settings.db_schema)
     table = Table(title=f"migrations in schema {settings.db_schema!r}")
     table.add_column("version", justify="right")

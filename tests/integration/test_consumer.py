@@ -7,11 +7,11 @@ import pickle
 from pathlib import Path
 
 from consumers import Outcome
+from examples.order_saga.processes import SagaProcess, saga_env
 from saga.envelope import Envelope
 from saga.replies import FailureReply
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
-from tests.support.processes import SagaProcess, saga_env
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL, Flaky, Ping, Refuse, service
 from tests.support.wait import wait_until

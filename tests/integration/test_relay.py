@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from examples.order_saga.processes import SagaProcess, saga_env
 from outbox_relay import Relay, RelayOptions
 from saga import Outbox
 from saga.envelope import Envelope
 from saga.errors import UnsafeDurability
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
-from tests.support.processes import SagaProcess, saga_env
 from tests.support.wait import wait_until
 
 

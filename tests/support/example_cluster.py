@@ -8,10 +8,10 @@ from pathlib import Path
 
 from consumers import ConsumerOptions, ServiceRunner
 from examples.order_saga.cluster import SERVICES, Cluster
+from examples.order_saga.processes import SagaProcess
 from saga.cli.loading import load_service
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
-from tests.support.processes import SagaProcess
 from tests.support.running import running_relay
 
 

@@ -1,4 +1,4 @@
-"""Running ``saga`` commands as real subprocesses."""
+"""Running ``saga`` commands as real subprocesses (the demo, tests and chaos runs)."""
 
 from __future__ import annotations
 

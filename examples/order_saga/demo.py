@@ -1,0 +1,174 @@
+"""``make demo``: the order saga end to end, four services as separate processes.
+
+With no ``SAGA_DATABASE_URL``, an embedded PostgreSQL holds the four service
+databases and, with no ``SAGA_BROKER_URL``, also the broker (kombu's
+SQLAlchemy transport). With them set, the demo uses those servers: one
+database per service is created on ``SAGA_DATABASE_URL``'s server.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from examples.order_saga import driver, invariants
+from examples.order_saga.cluster import SERVICES, Cluster
+from examples.order_saga.processes import SagaProcess
+from saga.cli.sagas import render_saga, timeline_entries
+from saga.store import SagaStore
+
+console = Console()
+WORK_DIR = Path(".demo")
+
+
+def _database_url(server_url: str, name: str) -> str:
+    parts = urlsplit(server_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+
+
+def _fresh_database(server_url: str, name: str) -> str:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return _database_url(server_url, name)
+
+
+@contextmanager
+def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
+    """(database URL per service, broker URL, description) for this run."""
+    server_url = os.environ.get("SAGA_DATABASE_URL")
+    broker_url = os.environ.get("SAGA_BROKER_URL")
+    where = []
+    if server_url:
+        where.append("PostgreSQL from SAGA_DATABASE_URL")
+    else:
+        from saga.embedded import EmbeddedPostgres
+
+        with console.status("starting an embedded PostgreSQL"):
+            embedded = EmbeddedPostgres(WORK_DIR / "pg")
+        stack.callback(embedded.stop)
+        server_url = embedded.admin_url
+        where.append(f"embedded PostgreSQL in {embedded.data_dir}")
+    urls = {s: _fresh_database(server_url, f"saga_demo_{s}") for s in SERVICES}
+    if broker_url:
+        where.append("broker from SAGA_BROKER_URL")
+    else:
+        broker_db = _fresh_database(server_url, "saga_demo_broker")
+        parts = urlsplit(broker_db)
+        broker_url = urlunsplit(
+            (
+                "sqla+postgresql+psycopg",
+                parts.netloc.replace(":@", "@"),
+                parts.path,
+                parts.query,
+                "",
+            )
+        )
+        where.append("broker: kombu's SQLAlchemy transport on the same PostgreSQL")
+    yield urls, broker_url, "; ".join(where)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def run(orders: int = 200, timeout: float = 90.0, flakiness: float = 0.02) -> int:
+    """Run the demo; return the exit code (0 when every saga settled and invariants hold)."""
+    started = time.monotonic()
+    WORK_DIR.mkdir(exist_ok=True)
+    logs = WORK_DIR / "logs"
+    logs.mkdir(exist_ok=True)
+    with ExitStack() as stack, servers(stack) as (urls, broker_url, where):
+        console.print(f"[bold]order saga demo[/bold]: {where}")
+        system = Cluster(urls, broker_url, extra_env={"ORDER_SAGA_FLAKINESS": str(flakiness)})
+        with console.status("migrating four service databases and seeding them"):
+            system.prepare()
+        processes = [SagaProcess(args, env, logs, name) for name, args, env in system.commands()]
+        stack.callback(_stop, processes)
+        console.print(
+            f"started {len(processes)} processes (a relay and a consumer per service); "
+            f"logs in {logs}/"
+        )
+        batch = driver.make_orders(orders, driver.FailureRates(), seed=int(time.time()))
+        with _progress() as progress:
+            submitted = progress.add_task("submitting orders", total=orders)
+            driver.submit(system, batch, on_progress=lambda n: progress.advance(submitted, n))
+            settled = progress.add_task("sagas finished", total=orders)
+            counts = driver.wait_until_settled(
+                system, orders, timeout, on_progress=lambda n: progress.advance(settled, n)
+            )
+        _outcomes(system, counts)
+        _timelines(system)
+        report = invariants.check(system)
+        _invariants(report)
+        _stop(processes)
+        unsettled = counts.get("running", 0) + counts.get("compensating", 0)
+        console.print(f"demo finished in {time.monotonic() - started:.1f}s")
+        return 0 if report.ok and unsettled == 0 else 1
+
+
+def _stop(processes: list[SagaProcess]) -> None:
+    for process in processes:
+        if process.returncode is None:
+            process.proc.terminate()
+    for process in processes:
+        process.wait(30)
+
+
+def _outcomes(system: Cluster, counts: dict[str, int]) -> None:
+    table = Table(title="outcomes")
+    table.add_column("status")
+    table.add_column("sagas", justify="right")
+    for status in ("completed", "compensated", "running", "compensating", "compensation_failed"):
+        if counts.get(status):
+            table.add_row(status, str(counts[status]))
+    console.print(table)
+    with system.connect("orders") as conn:
+        reasons = conn.execute(
+            "SELECT split_part(last_error, ':', 1) AS step, count(*) FROM saga.saga_instances "
+            "WHERE status = 'compensated' GROUP BY 1 ORDER BY 2 DESC"
+        ).fetchall()
+    if reasons:
+        table = Table(title="why sagas compensated (failed step)")
+        table.add_column("step")
+        table.add_column("sagas", justify="right")
+        for step, count in reasons:
+            table.add_row(step, str(count))
+        console.print(table)
+
+
+def _timelines(system: Cluster) -> None:
+    store = SagaStore("saga")
+    with system.connect("orders") as conn:
+        for saga_id in driver.sample_sagas(system, ("completed", "compensated")):
+            record = store.load(conn, saga_id)
+            assert record is not None
+            console.print()
+            render_saga(record, timeline_entries(store.timeline(conn, saga_id)))
+
+
+def _invariants(report: invariants.Report) -> None:
+    if report.ok:
+        figures = ", ".join(f"{k}={v}" for k, v in sorted(report.figures.items()))
+        console.print(f"[green]business invariants hold[/green] ({figures})")
+    else:
+        for violation in report.violations:
+            console.print(f"[red]invariant violated:[/red] {violation}")

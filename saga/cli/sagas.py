@@ -1,0 +1,203 @@
+"""``saga list``, ``saga show`` and ``saga cancel``: looking at sagas, and stopping one."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+from uuid import UUID
+
+import typer
+from rich.table import Table
+
+from saga.cli.common import (
+    DatabaseUrlOption,
+    SchemaOption,
+    connect,
+    console,
+    settings_from,
+)
+from saga.cli.durations import parse_duration
+from saga.errors import UnknownSaga
+from saga.orchestrator import request_cancel
+from saga.state import SagaRecord, SagaStatus
+from saga.store import SagaStore
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+STATUS_STYLE = {
+    "running": "cyan",
+    "compensating": "yellow",
+    "completed": "green",
+    "compensated": "magenta",
+    "compensation_failed": "bold red",
+    "forward_failed": "bold red",
+}
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def list_sagas(
+    status: Annotated[
+        str | None, typer.Option(help="Only this status: " + ", ".join(s.value for s in SagaStatus))
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Only sagas of this name.")] = None,
+    older_than: Annotated[
+        str | None, typer.Option(help="Started before this long ago (1h).")
+    ] = None,
+    since: Annotated[str | None, typer.Option(help="Started within this long (30m, 2d).")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: JsonOption = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """List sagas, newest first."""
+    if status is not None and status not in {s.value for s in SagaStatus}:
+        raise typer.BadParameter(f"unknown status {status!r}", param_hint="--status")
+    settings = settings_from(database_url=database_url, schema=schema)
+    with connect(settings) as conn:
+        rows = SagaStore(settings.db_schema).list(
+            conn,
+            status=status,
+            name=name,
+            older_than=parse_duration(older_than),
+            newer_than=parse_duration(since),
+            limit=limit,
+        )
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": str(r.id),
+                        "name": r.name,
+                        "version": r.saga_version,
+                        "status": r.status,
+                        "step": r.step,
+                        "last_error": r.last_error,
+                        "started_at": _iso(r.started_at),
+                        "updated_at": _iso(r.updated_at),
+                        "finished_at": _iso(r.finished_at),
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+        return
+    table = Table(title=f"{len(rows)} saga(s)")
+    table.add_column("id", no_wrap=True)
+    for column in ("name", "status", "step", "started", "last error"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        style = STATUS_STYLE.get(r.status, "")
+        table.add_row(
+            str(r.id),
+            f"{r.name} v{r.saga_version}",
+            f"[{style}]{r.status}",
+            r.step or "",
+            r.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+            (r.last_error or "")[:80],
+        )
+    console.print(table)
+
+
+def timeline_entries(timeline: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """The step log rows of one saga as plain dicts (durations in milliseconds)."""
+    return [
+        {
+            "step": step,
+            "phase": phase,
+            "attempt": attempt,
+            "outcome": outcome,
+            "started_at": _iso(started),
+            "finished_at": _iso(finished),
+            "duration_ms": round((finished - started).total_seconds() * 1000, 1),
+            "error": error,
+            "message_id": str(message_id) if message_id else None,
+        }
+        for step, phase, attempt, outcome, started, finished, error, message_id in timeline
+    ]
+
+
+def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
+    """Print a saga's state and its timeline (``saga show``, and the demo)."""
+    style = STATUS_STYLE.get(record.status.value, "")
+    console.print(
+        f"[bold]{record.name}[/bold] v{record.saga_version}  {record.id}  "
+        f"[{style}]{record.status.value}[/]"
+    )
+    if record.last_error:
+        console.print(f"last error: {record.last_error}")
+    table = Table(title="timeline")
+    for column in ("#", "step", "phase", "try", "outcome", "ms", "error"):
+        table.add_column(column, overflow="fold")
+    for i, s in enumerate(steps, 1):
+        outcome_style = {"succeeded": "green", "failed": "red", "skipped": "dim"}.get(
+            s["outcome"], ""
+        )
+        table.add_row(
+            str(i),
+            s["step"],
+            "↩ compensation" if s["phase"] == "compensation" else "→ forward",
+            str(s["attempt"]),
+            f"[{outcome_style}]{s['outcome']}",
+            f"{s['duration_ms']:.1f}",
+            s["error"] or "",
+        )
+    console.print(table)
+
+
+def show_saga(
+    saga_id: Annotated[UUID, typer.Argument(help="The saga's id.")],
+    as_json: JsonOption = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Show one saga: its state and the timeline of every step and compensation."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    store = SagaStore(settings.db_schema)
+    with connect(settings) as conn:
+        record = store.load(conn, saga_id)
+        if record is None:
+            raise UnknownSaga(f"no saga {saga_id} in schema {settings.db_schema!r}")
+        timeline = store.timeline(conn, saga_id)
+    steps = timeline_entries(timeline)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "id": str(record.id),
+                    "name": record.name,
+                    "version": record.saga_version,
+                    "status": record.status.value,
+                    "step": record.step,
+                    "completed_steps": record.completed_steps,
+                    "cancel_requested": record.cancel_requested,
+                    "last_error": record.last_error,
+                    "data": record.data,
+                    "started_at": _iso(record.started_at),
+                    "finished_at": _iso(record.finished_at),
+                    "timeline": steps,
+                },
+                indent=2,
+            )
+        )
+        return
+    render_saga(record, steps)
+
+
+def cancel_saga(
+    saga_id: Annotated[UUID, typer.Argument(help="The saga's id.")],
+    reason: Annotated[str, typer.Option(help="Recorded as the saga's last error.")] = "operator",
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Ask a running saga to compensate from where it is (refused past its pivot)."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    with connect(settings) as conn, conn.transaction():
+        request_cancel(SagaStore(settings.db_schema), conn, saga_id, reason)
+    console.print(
+        f"[yellow]saga {saga_id} will compensate as soon as its pending step answers[/yellow]"
+    )
