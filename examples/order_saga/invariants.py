@@ -20,7 +20,7 @@ class Report:
 
 def _rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
     with system.connect(service) as conn:
-        return conn.execute(query).fetchall()  # type: ignore[arg-type]
+        return conn.execute(query).fetchall()
 
 
 def check(system: Cluster) -> Report:
