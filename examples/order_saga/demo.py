@@ -28,7 +28,7 @@ from saga.cli.sagas import render_saga, timeline_entries
 from saga.store import SagaStore
 
 console = Console()
-WORK_DIR = Path(".demo")
+WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))
 
 
 def _database_url(server_url: str, name: str) -> str:

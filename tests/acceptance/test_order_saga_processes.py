@@ -1,0 +1,82 @@
+"""The order saga example with every service a real ``saga`` subprocess on RabbitMQ."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from examples.order_saga import driver, invariants
+from examples.order_saga.cluster import Cluster
+from examples.order_saga.processes import REPO, SAGA
+from tests.support.brokers import TestBroker
+from tests.support.databases import DatabaseFactory
+from tests.support.example_cluster import make_cluster, services_as_processes
+
+ORDERS = 1000
+
+
+@pytest.fixture
+def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Iterator[Cluster]:
+    system, names = make_cluster(database_factory, rabbit)
+    system.extra_env["ORDER_SAGA_FLAKINESS"] = "0.03"  # transient failures, retried
+    yield system
+    for name in names:
+        database_factory.drop(name)
+
+
+def _saga(system: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SAGA, *args],
+        cwd=REPO,
+        env={"SAGA_DATABASE_URL": system.database_urls["orders"], "COLUMNS": "200", "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_thousand_orders_with_failures_at_every_step(order_system: Cluster, tmp_path: Path) -> None:
+    orders = driver.make_orders(ORDERS, driver.FailureRates(0.08, 0.08, 0.08, 0.08), seed=11)
+    with services_as_processes(order_system, tmp_path):
+        driver.submit(order_system, orders)
+        counts = driver.wait_until_settled(order_system, ORDERS, timeout=400)
+    assert counts.get("completed", 0) + counts.get("compensated", 0) == ORDERS, counts
+    report = invariants.check(order_system)
+    assert report.ok, report.violations[:10]
+    reasons = dict(
+        order_system.connect("orders")
+        .execute(
+            "SELECT split_part(last_error, ':', 1), count(*) FROM saga.saga_instances "
+            "WHERE status = 'compensated' GROUP BY 1"
+        )
+        .fetchall()
+    )
+    assert set(reasons) == {
+        "reserve_stock",
+        "reserve_credit",
+        "charge_payment",
+        "schedule_shipment",
+    }
+    print(f"\n{counts}; compensated by step: {reasons}; figures: {report.figures}")
+
+    # saga show: a compensated saga's failed step, then each compensation in reverse order
+    (saga_id,) = driver.sample_sagas(order_system, ("compensated",))
+    shown = _saga(order_system, "show", str(saga_id), "--json")
+    assert shown.returncode == 0, shown.stderr
+    timeline = json.loads(shown.stdout)["timeline"]
+    failed = [
+        i for i, s in enumerate(timeline) if s["outcome"] == "failed" and s["phase"] == "forward"
+    ]
+    assert failed, timeline
+    forward_done = [s["step"] for s in timeline[: failed[-1]] if s["outcome"] == "succeeded"]
+    compensated = [s["step"] for s in timeline[failed[-1] + 1 :] if s["outcome"] == "succeeded"]
+    assert compensated == list(reversed(forward_done))
+    table = _saga(order_system, "show", str(saga_id))
+    assert "compensation" in table.stdout and "failed" in table.stdout
+    listed = _saga(order_system, "list", "--status", "compensated", "--json", "--limit", "5")
+    assert len(json.loads(listed.stdout)) == 5
