@@ -33,13 +33,15 @@ class ScratchDatabase:
     url: str
 
     @classmethod
-    def create(cls, prefix: str = "saga_bench") -> ScratchDatabase:
+    def create(cls, prefix: str = "saga_bench", *, framework: bool = True) -> ScratchDatabase:
+        """A new database; ``framework=False`` leaves it empty (no ``saga`` schema)."""
         name = f"{prefix}_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         url = _with_database(ADMIN_URL, name)
-        with psycopg.connect(url) as conn:
-            migrate(conn, "saga")
+        if framework:
+            with psycopg.connect(url) as conn:
+                migrate(conn, "saga")
         return cls(name, url)
 
     def drop(self) -> None:

@@ -31,7 +31,7 @@ from saga.errors import (
 from saga.faults import fault_point
 from saga.ids import uuid7
 from saga.outbox import OutgoingMessage
-from saga.replies import DEAD_LETTERED, FailureReply, StepTimer
+from saga.replies import DEAD_LETTERED, FailureReply, ResumeSaga, StepTimer
 from saga.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.store import SagaStore
 
@@ -109,6 +109,30 @@ class Orchestrator:
 
     def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
         request_cancel(self.store, tx, saga_id, reason)
+
+    def on_resume(self, tx: psycopg.Connection[Any], request: ResumeSaga) -> None:
+        record = self.store.load(tx, request.saga_id)
+        if record is None:
+            raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
+        saga = self.registry.definition(record.name, record.saga_version)
+        run = _Run(self, tx, saga, record, cause=None)
+        if run.resume():
+            logger.warning(
+                "saga %s resumed at step %s (%s): %s",
+                record.id,
+                record.step,
+                record.status.value,
+                request.reason,
+                extra={"saga_id": str(record.id), "step": record.step},
+            )
+            run.commit()
+        else:
+            logger.warning(
+                "saga %s is %s with nothing pending; resume ignored",
+                record.id,
+                record.status.value,
+                extra={"saga_id": str(record.id)},
+            )
 
     # -- helpers -------------------------------------------------------------
 
@@ -220,6 +244,29 @@ class _Run:
         else:
             self._compensate_next(attempt=timer.attempt)
 
+    def resume(self) -> bool:
+        """Try again what stopped the saga; False when there is nothing to resume."""
+        record = self.record
+        if record.status is SagaStatus.COMPENSATION_FAILED:
+            record.status = SagaStatus.COMPENSATING
+            self._compensate_next(attempt=1)
+            return True
+        if record.status is SagaStatus.FORWARD_FAILED:
+            self._send_forward(self._current(), attempt=1)
+            return True
+        if record.status.finished or record.pending_message_id is None or record.step is None:
+            return False
+        # Stuck waiting: send the pending request again under the same message id, so a
+        # participant that did handle it skips it (inbox) and one that did not handles it now.
+        step = self._current()
+        if record.status is SagaStatus.RUNNING:
+            self._send_forward(step, record.step_attempt, message_id=record.pending_message_id)
+        elif isinstance(step, RemoteStep) and step.compensation is not None:
+            self._send_compensation(step, record.step_attempt, message_id=record.pending_message_id)
+        else:
+            self._compensate_next(attempt=record.step_attempt)
+        return True
+
     # -- moving forward ------------------------------------------------------
 
     def advance(self, index: int) -> None:
@@ -258,12 +305,21 @@ class _Run:
         self.record.completed_steps.append(step.name)
         return True
 
-    def _send_forward(self, step: Step, attempt: int) -> None:
+    def _send_forward(self, step: Step, attempt: int, message_id: UUID | None = None) -> None:
         assert isinstance(step, RemoteStep)
         command = step.command(self.data)
         key = f"{self.record.id}:{step.name}"
-        self._send(command, self.saga.service_of(step), step.name, key, attempt)
+        self._send(command, self.saga.service_of(step), step.name, key, attempt, message_id)
         self.record.status = SagaStatus.RUNNING
+
+    def _send_compensation(
+        self, step: RemoteStep, attempt: int, message_id: UUID | None = None
+    ) -> None:
+        assert step.compensation is not None
+        key = f"{self.record.id}:{step.name}:compensation"
+        command = step.compensation(self.data)
+        service = self.saga.compensation_service(step)
+        self._send(command, service, step.name, key, attempt, message_id)
 
     # -- compensating ---------------------------------------------------------
 
@@ -280,9 +336,7 @@ class _Run:
                 if step.compensation is None:
                     completed.pop()
                     continue
-                key = f"{self.record.id}:{step.name}:compensation"
-                command = step.compensation(self.data)
-                self._send(command, self.saga.compensation_service(step), step.name, key, attempt)
+                self._send_compensation(step, attempt)
                 return
             action = self.saga.local_compensation_for(step)
             if action is None:
@@ -344,11 +398,9 @@ class _Run:
         record.pending_message_id = None
         record.step = step.name
         error_type = "CompensationFailed" if phase is Phase.COMPENSATION else "ForwardStepFailed"
+        # Replaying this dead letter resumes the saga (the same as `saga resume`).
         body = Envelope.wrap(
-            StepTimer(
-                saga_id=record.id, step=step.name, phase=phase.value, attempt=record.step_attempt
-            ),
-            saga_id=record.id,
+            ResumeSaga(saga_id=record.id, reason="dead letter replayed"), saga_id=record.id
         )
         self.dead_letters.append(
             DeadLetter(
@@ -377,11 +429,20 @@ class _Run:
 
     # -- plumbing ------------------------------------------------------------
 
-    def _send(self, command: BaseModel, service: str, step: str, key: str, attempt: int) -> None:
+    def _send(
+        self,
+        command: BaseModel,
+        service: str,
+        step: str,
+        key: str,
+        attempt: int,
+        message_id: UUID | None = None,
+    ) -> None:
         envelope = self._envelope(
             command,
             reply_to=self.o.registry.service_name,
             headers={STEP_HEADER: step, IDEMPOTENCY_KEY_HEADER: key},
+            message_id=message_id,
         )
         self.outgoing.append(OutgoingMessage(envelope, service))
         record = self.record
@@ -392,10 +453,16 @@ class _Run:
         record.step_attempt = attempt
 
     def _envelope(
-        self, message: BaseModel, *, reply_to: str | None = None, headers: dict[str, str]
+        self,
+        message: BaseModel,
+        *,
+        reply_to: str | None = None,
+        headers: dict[str, str],
+        message_id: UUID | None = None,
     ) -> Envelope:
         return Envelope.wrap(
             message,
+            message_id=message_id,
             saga_id=self.record.id,
             correlation_id=self.cause.correlation_id if self.cause else self.record.id,
             causation_id=self.cause.message_id if self.cause else None,

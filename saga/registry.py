@@ -22,7 +22,7 @@ from saga.errors import ConfigurationError
 from saga.identifiers import validate_name, validate_schema
 from saga.orchestrator import Orchestrator
 from saga.outbox import Outbox
-from saga.replies import Ack, FailureReply, StepTimer
+from saga.replies import Ack, FailureReply, ResumeSaga, StepTimer
 
 
 class SagaRegistry:
@@ -48,7 +48,7 @@ class SagaRegistry:
         self.outbox = outbox or Outbox(self.schema)
         self._sagas: dict[str, dict[int, Saga[Any]]] = {}
         self._reply_types: dict[str, type[BaseModel]] = {
-            message_type_of(m): m for m in (Ack, FailureReply, StepTimer)
+            message_type_of(m): m for m in (Ack, FailureReply, StepTimer, ResumeSaga)
         }
         self.orchestrator: Orchestrator = Orchestrator(self)
         self._service: Service | None = None
@@ -128,6 +128,8 @@ class SagaRegistry:
             for message_class in self._reply_types.values():
                 if message_class is StepTimer:
                     service.add_handler(StepTimer, self._on_timer)
+                elif message_class is ResumeSaga:
+                    service.add_handler(ResumeSaga, self._on_resume)
                 else:
                     service.add_handler(message_class, self._on_reply)
             self._service = service
@@ -138,3 +140,8 @@ class SagaRegistry:
 
     def _on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, ctx: HandlerContext) -> None:
         self.orchestrator.on_timer(tx, timer, ctx.envelope)
+
+    def _on_resume(
+        self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext
+    ) -> None:
+        self.orchestrator.on_resume(tx, request)

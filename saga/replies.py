@@ -38,3 +38,12 @@ class StepTimer(BaseModel):
     step: str
     phase: str
     attempt: int
+
+
+class ResumeSaga(BaseModel):
+    """Sent to a saga's home service by ``saga resume`` (or a replayed saga dead letter)."""
+
+    message_type: ClassVar[str] = "saga.ResumeSaga"
+
+    saga_id: UUID
+    reason: str = "operator"

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from saga.cli import db, demo, run, sagas
+from saga.cli import db, demo, dlq, operations, run, sagas
 from saga.cli.common import err_console
 from saga.errors import ConfigurationError, SagaError
 
@@ -18,11 +18,14 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(db.app, name="db")
+app.add_typer(dlq.app, name="dlq")
 app.command("relay")(run.relay)
 app.command("consume")(run.consume)
 app.command("list")(sagas.list_sagas)
 app.command("show")(sagas.show_saga)
 app.command("cancel")(sagas.cancel_saga)
+app.command("stats")(operations.stats)
+app.command("resume")(operations.resume)
 app.command("demo")(demo.demo)
 
 

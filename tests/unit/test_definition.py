@@ -187,6 +187,7 @@ def test_registry_service_handles_every_reply_type() -> None:
         "Reserved",
         "saga.Ack",
         "saga.FailureReply",
+        "saga.ResumeSaga",
         "saga.StepTimer",
     ]
     late = _saga("late")

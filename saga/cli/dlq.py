@@ -1,0 +1,278 @@
+"""``saga dlq``: list, show, replay and purge dead letters."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.durations import parse_duration
+from saga.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
+from saga.envelope import Envelope
+from saga.errors import SagaError
+from saga.masking import mask
+from saga.replay import NotReplayable, outgoing_for, replay
+
+app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
+
+ConsumerOption = Annotated[str | None, typer.Option(help="Only this consumer (service).")]
+ErrorTypeOption = Annotated[
+    str | None, typer.Option("--error-type", help="Only this error type, e.g. TimeoutError.")
+]
+SinceOption = Annotated[str | None, typer.Option(help="Failed within this long: 30m, 1h, 2d.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+class DeadLetterNotFound(SagaError):
+    pass
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _summary(letter: DeadLetterRow) -> dict[str, Any]:
+    return {
+        "id": letter.id,
+        "consumer": letter.consumer,
+        "reason": letter.reason,
+        "error_type": letter.error_type,
+        "error_message": letter.error_message,
+        "message_type": letter.message_type,
+        "message_id": str(letter.message_id) if letter.message_id else None,
+        "saga_id": str(letter.saga_id) if letter.saga_id else None,
+        "destination": letter.destination,
+        "attempts": letter.attempts,
+        "first_failed_at": _iso(letter.first_failed_at),
+        "last_failed_at": _iso(letter.last_failed_at),
+        "status": letter.status,
+        "replay_count": letter.replay_count,
+        "last_replayed_at": _iso(letter.last_replayed_at),
+    }
+
+
+def _parse_before(text: str) -> datetime:
+    duration = None
+    if text and text[-1] in "smhdw" and text[:-1].replace(".", "", 1).isdigit():
+        duration = parse_duration(text)
+    if duration is not None:
+        return datetime.now(UTC) - duration
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is neither a date (2026-11-01, 2026-11-01T12:00) nor a duration (7d)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+@app.command("list")
+def list_letters(
+    consumer: ConsumerOption = None,
+    error_type: ErrorTypeOption = None,
+    reason: Annotated[str | None, typer.Option(help="rejected, failed or unpublishable.")] = None,
+    status: Annotated[
+        str, typer.Option(help="pending (default), replayed, purged or all.")
+    ] = "pending",
+    since: SinceOption = None,
+    older_than: Annotated[str | None, typer.Option(help="Failed before this long ago.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
+    as_json: JsonOption = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """List dead letters (oldest first)."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    where = DeadLetterFilter(
+        consumer=consumer,
+        error_type=error_type,
+        reason=reason,
+        status=None if status == "all" else status,
+        since=parse_duration(since),
+        before=_parse_before(older_than) if older_than else None,
+        limit=limit,
+    )
+    with connect(settings) as conn:
+        letters = DeadLetterStore(settings.db_schema).find(conn, where)
+    if as_json:
+        print(json.dumps([_summary(letter) for letter in letters], indent=2))
+        return
+    table = Table(title=f"{len(letters)} dead letter(s)")
+    for column in ("id", "consumer", "reason", "error", "message", "tries", "last failure"):
+        table.add_column(column, overflow="fold")
+    for letter in letters:
+        table.add_row(
+            str(letter.id),
+            letter.consumer,
+            letter.reason,
+            f"{letter.error_type}: {letter.error_message[:60]}",
+            letter.message_type or "",
+            str(letter.attempts),
+            letter.last_failed_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    console.print(table)
+
+
+@app.command("show")
+def show_letter(
+    letter_id: Annotated[int, typer.Argument(help="The dead letter's id.")],
+    reveal: Annotated[
+        bool, typer.Option(help="Show fields that look like secrets or personal data.")
+    ] = False,
+    as_json: JsonOption = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Show one dead letter: error, traceback, headers and payload (sensitive fields masked)."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    with connect(settings) as conn:
+        letter = DeadLetterStore(settings.db_schema).get(conn, letter_id)
+    if letter is None:
+        raise DeadLetterNotFound(f"no dead letter {letter_id}")
+    document = _summary(letter)
+    document["traceback"] = letter.traceback
+    try:
+        envelope = Envelope.from_bytes(letter.body)
+    except ValidationError:
+        text = letter.body[:2000].decode("utf-8", errors="replace")
+        document["body"] = text if reveal else f"<{len(letter.body)} bytes, not an envelope>"
+    else:
+        document["headers"] = envelope.headers
+        document["payload"] = envelope.payload if reveal else mask(envelope.payload)
+    if as_json:
+        print(json.dumps(document, indent=2, default=str))
+        return
+    for key in ("id", "consumer", "reason", "error_type", "error_message", "message_type",
+                "message_id", "saga_id", "destination", "attempts", "first_failed_at",
+                "last_failed_at", "status", "replay_count"):  # fmt: skip
+        console.print(f"[bold]{key}[/bold]: {document[key]}")
+    for key in ("headers", "payload", "body"):
+        if key in document:
+            console.print(f"[bold]{key}[/bold]:")
+            console.print_json(json.dumps(document[key], default=str))
+    if letter.traceback:
+        console.print("[bold]traceback[/bold]:")
+        console.print(letter.traceback, markup=False, highlight=False)
+    if not reveal:
+        console.print("[dim]fields that look like secrets or personal data are masked; --reveal")
+
+
+@app.command("replay")
+def replay_letters(
+    letter_ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
+    consumer: ConsumerOption = None,
+    error_type: ErrorTypeOption = None,
+    since: SinceOption = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="List what would be replayed; change nothing.")
+    ] = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Send dead letters again through the outbox, keeping their message ids.
+
+    By id (any status but purged), or every pending letter matching the filters.
+    """
+    if not letter_ids and not (consumer or error_type or since):
+        raise typer.BadParameter(
+            "give dead letter ids, or filters (--error-type, --consumer, --since)"
+        )
+    settings = settings_from(database_url=database_url, schema=schema)
+    where = DeadLetterFilter(
+        ids=letter_ids or None,
+        consumer=consumer,
+        error_type=error_type,
+        since=parse_duration(since),
+        status=None if letter_ids else "pending",
+    )
+    store = DeadLetterStore(settings.db_schema)
+    with connect(settings) as conn:
+        letters = store.find(conn, where)
+        conn.rollback()
+        if letter_ids:
+            missing = sorted(set(letter_ids) - {letter.id for letter in letters})
+            if missing:
+                raise DeadLetterNotFound(f"no dead letters with ids {missing}")
+        if dry_run:
+            _print_plan(letters)
+            return
+        if not letters:
+            console.print("nothing to replay")
+            return
+        with Progress(
+            TextColumn("replaying"), BarColumn(), MofNCompleteColumn(), console=console,
+            disable=len(letters) < 20,
+        ) as progress:  # fmt: skip
+            task = progress.add_task("replay", total=len(letters))
+            result = replay(
+                conn,
+                letters,
+                {**where.describe(), "command": "saga dlq replay"},
+                schema=settings.db_schema,
+                on_progress=lambda n: progress.advance(task, n),
+            )
+    console.print(f"[green]replayed {len(result.replayed)} dead letter(s)[/green]")
+    for letter_id, why in result.refused.items():
+        console.print(f"[yellow]not replayed {letter_id}: {why}")
+    if result.refused and not result.replayed:
+        raise typer.Exit(1)
+
+
+def _print_plan(letters: list[DeadLetterRow]) -> None:
+    table = Table(
+        title=f"dry run: {len(letters)} dead letter(s) would be replayed; nothing changed"
+    )
+    for column in ("id", "consumer", "error", "message", "to"):
+        table.add_column(column, overflow="fold")
+    for letter in letters:
+        try:
+            destination = outgoing_for(letter).destination
+        except NotReplayable as exc:
+            destination = f"[yellow]refused: {exc}"
+        table.add_row(
+            str(letter.id),
+            letter.consumer,
+            letter.error_type,
+            f"{letter.message_type} {letter.message_id}",
+            destination,
+        )
+    console.print(table)
+
+
+@app.command("purge")
+def purge_letters(
+    before: Annotated[
+        str, typer.Option(help="Purge letters that last failed before: a date or 7d.")
+    ],
+    consumer: ConsumerOption = None,
+    error_type: ErrorTypeOption = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="Count what would be purged; change nothing.")
+    ] = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Mark pending dead letters purged (``saga db prune`` deletes them after retention)."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    where = DeadLetterFilter(
+        consumer=consumer, error_type=error_type, before=_parse_before(before), status="pending"
+    )
+    store = DeadLetterStore(settings.db_schema)
+    with connect(settings) as conn:
+        letters = store.find(conn, where)
+        if dry_run:
+            console.print(
+                f"dry run: {len(letters)} dead letter(s) would be purged; nothing changed"
+            )
+            return
+        purged = 0
+        for start in range(0, len(letters), 1000):
+            with conn.transaction():
+                purged += store.purge(conn, [letter.id for letter in letters[start : start + 1000]])
+    console.print(f"purged {purged} dead letter(s)")
