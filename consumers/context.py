@@ -8,6 +8,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from saga.envelope import Envelope
+from saga.metrics import Metrics
 from saga.outbox import OutgoingMessage
 
 IDEMPOTENCY_KEY_HEADER = "idempotency_key"
@@ -20,9 +21,10 @@ class HandlerContext:
     transaction as the handler's own writes, when the handler returns.
     """
 
-    def __init__(self, envelope: Envelope, service: str) -> None:
+    def __init__(self, envelope: Envelope, service: str, metrics: Metrics | None = None) -> None:
         self.envelope = envelope
         self.service = service
+        self.metrics = metrics
         self.outgoing: list[OutgoingMessage] = []
 
     def __repr__(self) -> str:

@@ -10,6 +10,7 @@ savepoint. The caller commits once for the whole batch, then acknowledges.
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,10 +25,13 @@ from consumers.context import HandlerContext
 from consumers.decoding import Decoded, Rejection, decode
 from consumers.inbox import Inbox
 from consumers.service import Service
+from saga import tracing
 from saga.dead_letters import DeadLetter, DeadLetterStore
 from saga.envelope import ATTEMPT_HEADER
 from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
 from saga.faults import fault_point
+from saga.logcontext import log_context
+from saga.metrics import Metrics
 from saga.outbox import Outbox, OutgoingMessage
 from saga.replies import DEAD_LETTERED, Ack, FailureReply
 
@@ -66,8 +70,10 @@ class BatchProcessor:
         schema: str = "saga",
         outbox: Outbox | None = None,
         max_message_bytes: int | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.service = service
+        self.metrics = metrics
         self.outbox = outbox or Outbox(schema)
         self.inbox = Inbox(schema)
         self.dead_letters = DeadLetterStore(schema)
@@ -104,30 +110,72 @@ class BatchProcessor:
     # -- one delivery --------------------------------------------------------
 
     def _handle(self, conn: psycopg.Connection[Any], delivery: Delivery) -> Outcome:
+        started = time.perf_counter()
         try:
             decoded = decode(
                 delivery.body, delivery.content_type, self.service, self.max_message_bytes
             )
         except Rejection as rejection:
-            return self._reject(conn, delivery, rejection)
+            outcome = self._reject(conn, delivery, rejection)
+        else:
+            envelope = decoded.envelope
+            with (
+                log_context(
+                    consumer=self.service.name,
+                    message_id=envelope.message_id,
+                    saga_id=envelope.saga_id,
+                    step=envelope.headers.get("step"),
+                ),
+                tracing.span(
+                    f"{self.service.name} handle {envelope.type}",
+                    headers=envelope.headers,
+                    attributes={
+                        "messaging.message.id": envelope.message_id,
+                        "saga.id": envelope.saga_id,
+                    },
+                ),
+            ):
+                outcome = self._run(conn, delivery, decoded)
+        self._count(outcome, time.perf_counter() - started)
+        return outcome
+
+    def _run(self, conn: psycopg.Connection[Any], delivery: Delivery, decoded: Decoded) -> Outcome:
         retrying = decoded.spec.retry.immediate()
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._attempt(conn, decoded)
+                    outcome = self._attempt(conn, decoded)
+            return outcome
         except StepFailed as failure:
             return self._business_failure(conn, decoded, failure)
         except Exception as exc:
             tries = int(retrying.statistics.get("attempt_number", 1))
             return self._technical_failure(conn, delivery, decoded, exc, tries)
-        raise AssertionError("unreachable: tenacity ended without result or error")
+        finally:
+            retries = int(retrying.statistics.get("attempt_number", 1)) - 1
+            if retries and self.metrics is not None:
+                self.metrics.retries.labels(self.service.name, "immediate").inc(retries)
+
+    def _count(self, outcome: Outcome, seconds: float) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        consumer = self.service.name
+        metrics.handled.labels(consumer, outcome.value).inc()
+        metrics.handle_seconds.labels(consumer).observe(seconds)
+        if outcome is Outcome.RETRY_SCHEDULED:
+            metrics.retries.labels(consumer, "delayed").inc()
+        elif outcome is Outcome.DEAD_LETTERED:
+            metrics.dead_lettered.labels(consumer, "failed").inc()
+        elif outcome is Outcome.REJECTED:
+            metrics.dead_lettered.labels(consumer, "rejected").inc()
 
     def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
         envelope = decoded.envelope
         with conn.transaction():
             if not self.inbox.record(conn, self.service.name, envelope.message_id):
                 return Outcome.DUPLICATE
-            ctx = HandlerContext(envelope, self.service.name)
+            ctx = HandlerContext(envelope, self.service.name, self.metrics)
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
             self.outbox.add_many(conn, ctx.outgoing)

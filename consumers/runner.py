@@ -9,6 +9,7 @@ from collections import Counter
 from consumers.processing import Outcome
 from consumers.service import Service
 from consumers.worker import ConsumerOptions, Worker
+from saga.metrics import Metrics
 from saga.transport import BrokerConfig, Topology
 
 logger = logging.getLogger(__name__)
@@ -28,12 +29,23 @@ class ServiceRunner:
         broker: BrokerConfig,
         options: ConsumerOptions | None = None,
         topology: Topology | None = None,
+        *,
+        metrics: Metrics | None = None,
+        stop_event: threading.Event | None = None,
     ) -> None:
         self.service = service
         self.options = options or ConsumerOptions()
-        self.stop_event = threading.Event()
+        self.stop_event = stop_event or threading.Event()
         self.workers = [
-            Worker(service, database_url, broker, self.options, topology, name=f"worker-{i + 1}")
+            Worker(
+                service,
+                database_url,
+                broker,
+                self.options,
+                topology,
+                name=f"worker-{i + 1}",
+                metrics=metrics,
+            )
             for i in range(self.options.concurrency)
         ]
         self._threads: list[threading.Thread] = []

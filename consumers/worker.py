@@ -23,6 +23,8 @@ from consumers.service import Service
 from saga.envelope import CONTENT_TYPE
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
+from saga.logcontext import log_context
+from saga.metrics import Metrics
 from saga.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
 from saga.transport import BrokerConfig, Topology
@@ -58,6 +60,7 @@ class Worker:
         options: ConsumerOptions | None = None,
         topology: Topology | None = None,
         name: str = "worker-1",
+        metrics: Metrics | None = None,
     ) -> None:
         self.service = service
         self.database_url = database_url
@@ -66,7 +69,10 @@ class Worker:
         self.topology = topology or Topology()
         self.name = name
         self.processor = BatchProcessor(
-            service, schema=self.options.schema, max_message_bytes=self.options.max_message_bytes
+            service,
+            schema=self.options.schema,
+            max_message_bytes=self.options.max_message_bytes,
+            metrics=metrics,
         )
         self.counts: Counter[Outcome] = Counter()
         self._secret = password_of(database_url)
@@ -93,7 +99,8 @@ class Worker:
                 if stop.is_set():
                     break
                 self.ready.set()
-                self._loop(stop)
+                with log_context(consumer=self.service.name):
+                    self._loop(stop)
             except self._transient_errors() as exc:
                 logger.warning(
                     "%s lost a connection, reconnecting: %s",

@@ -25,9 +25,11 @@ from outbox_relay.store import OutboxRow, RelayStore, check_durability
 from saga.errors import ConfigurationError
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
+from saga.metrics import Metrics
 from saga.outbox import wake_channel
 from saga.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
+from saga.retention import Pruner, RetentionPolicy
 from saga.transport import BrokerConfig, Topology
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ class RelayOptions:
     declare_queues: bool = True
     allow_async_commit: bool = False
     max_broker_message_bytes: int | None = None
+    #: Seconds between background retention runs (None: never; use ``saga db prune``).
+    prune_interval: float | None = None
+    retention: RetentionPolicy | None = None
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -75,12 +80,16 @@ class Relay:
         broker: BrokerConfig,
         options: RelayOptions | None = None,
         topology: Topology | None = None,
+        *,
+        metrics: Metrics | None = None,
     ) -> None:
         self.database_url = database_url
+        self.metrics = metrics
         self.broker = broker
         self.options = options or RelayOptions()
         self.topology = topology or Topology()
         self.store = RelayStore(self.options.schema)
+        self.pruner = Pruner(self.options.schema, self.options.retention)
         self._db: psycopg.Connection[Any] | None = None
         self._listen: psycopg.Connection[Any] | None = None
         self._broker_conn: Connection | None = None
@@ -152,6 +161,11 @@ class Relay:
             deferred, quarantined = self._handle_failures(db, rows, outcome)
         fault_point("relay.after_commit")
         self.published_total += len(outcome.published)
+        if self.metrics is not None:
+            self.metrics.published.inc(len(outcome.published))
+            self.metrics.publish_failures.inc(len(outcome.failed))
+            if quarantined:
+                self.metrics.dead_lettered.labels("outbox_relay", "unpublishable").inc(quarantined)
         return BatchReport(len(rows), len(outcome.published), deferred, quarantined)
 
     def promote_due(self) -> int:
@@ -194,11 +208,16 @@ class Relay:
     def _loop(self, stop: threading.Event) -> None:
         idle = self.options.idle_poll_min
         last_promote = 0.0
+        last_prune = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
             if now - last_promote >= self.options.promote_interval:
                 self.promote_due()
                 last_promote = now
+            interval = self.options.prune_interval
+            if interval is not None and now - last_prune >= interval:
+                self._prune_a_little()
+                last_prune = now
             report = self.relay_batch()
             if report.claimed:
                 idle = self.options.idle_poll_min
@@ -206,6 +225,13 @@ class Relay:
             self._heartbeat()
             self._wait(stop, idle)
             idle = min(idle * 2, self.options.idle_poll_max)
+
+    def _prune_a_little(self) -> None:
+        """A few retention batches between relay batches (background pruning)."""
+        db, _ = self._require()
+        report = self.pruner.prune(db, max_batches=4)
+        if report.total:
+            logger.info("pruned %s", report.deleted)
 
     def _wait(self, stop: threading.Event, seconds: float) -> None:
         listen = self._listen

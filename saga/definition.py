@@ -60,6 +60,7 @@ class LocalStep:
     compensation: LocalAction | str | None = None
     when: Condition | None = None
     pivot: bool = False
+    retry: StepRetry | None = None
 
     kind = "local"
 
@@ -78,6 +79,7 @@ class RemoteStep:
     compensation_service: str | None = None
     when: Condition | None = None
     pivot: bool = False
+    retry: StepRetry | None = None
 
     kind = "remote"
 
@@ -125,14 +127,16 @@ class Saga(Generic[D]):
         compensate: LocalAction | str | None = None,
         when: Condition | None = None,
         pivot: bool = False,
+        retry: StepRetry | None = None,
     ) -> Callable[[LocalAction], LocalAction]:
         """Decorator: ``fn(tx, data)`` runs in the orchestrator's transaction.
 
         It may return a new data object (saved with the saga) or None.
+        ``retry`` overrides the saga's :class:`StepRetry` for this step's compensation.
         """
 
         def register(action: LocalAction) -> LocalAction:
-            self.steps.append(LocalStep(name, action, compensate, when, pivot))
+            self.steps.append(LocalStep(name, action, compensate, when, pivot, retry))
             return action
 
         return register
@@ -160,12 +164,14 @@ class Saga(Generic[D]):
         compensate_service: str | None = None,
         when: Condition | None = None,
         pivot: bool = False,
+        retry: StepRetry | None = None,
     ) -> None:
         """A step that sends ``command(data)`` to ``service`` and waits for its reply.
 
         ``command`` (and ``compensate``) is a function of the saga data, or a
         message class built from the data's fields of the same names.
-        ``on_reply(data, reply)`` returns the updated data.
+        ``on_reply(data, reply)`` returns the updated data. ``retry`` overrides the
+        saga's :class:`StepRetry` for this step (after the pivot) and its compensation.
         """
         self.steps.append(
             RemoteStep(
@@ -179,6 +185,7 @@ class Saga(Generic[D]):
                 compensation_service=compensate_service,
                 when=when,
                 pivot=pivot,
+                retry=retry,
             )
         )
 
@@ -204,6 +211,9 @@ class Saga(Generic[D]):
         """True for steps that only go forward (after the pivot step)."""
         pivot = self.pivot_index
         return pivot is not None and self.index(name) > pivot
+
+    def retry_for(self, step: Step) -> StepRetry:
+        return step.retry or self.retry
 
     def local_compensation_for(self, step: LocalStep) -> LocalAction | None:
         if step.compensation is None or callable(step.compensation):

@@ -12,6 +12,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from saga import tracing
 from saga.ids import uuid7
 
 CONTENT_TYPE = "application/json"
@@ -61,6 +62,8 @@ class Envelope(BaseModel):
     ) -> Envelope:
         """Put ``message`` in a new envelope with a fresh UUIDv7 id."""
         mid = message_id or uuid7()
+        headers = dict(headers or {})
+        tracing.inject(headers)
         return cls(
             message_id=mid,
             type=message_type_of(message),
@@ -68,7 +71,7 @@ class Envelope(BaseModel):
             correlation_id=correlation_id or mid,
             causation_id=causation_id,
             reply_to=reply_to,
-            headers=dict(headers or {}),
+            headers=headers,
             created_at=datetime.now(UTC),
             payload=message.model_dump(mode="json"),
         )

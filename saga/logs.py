@@ -8,6 +8,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from saga.logcontext import ContextFilter
 from saga.redact import redact_text
 
 #: ``extra=`` keys that are copied into every formatted line that carries them.
@@ -68,6 +69,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text", *secrets: str | No
     """Send logs to stderr in ``fmt`` ('text' or 'json'), scrubbing ``secrets``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ContextFilter())
     handler.addFilter(RedactingFilter(*secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]

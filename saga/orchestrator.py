@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
+from saga import tracing
 from saga.dead_letters import DeadLetter, DeadLetterStore
 from saga.definition import LocalStep, RemoteStep, Saga, Step
 from saga.envelope import Envelope
@@ -30,6 +31,7 @@ from saga.errors import (
 )
 from saga.faults import fault_point
 from saga.ids import uuid7
+from saga.metrics import Metrics
 from saga.outbox import OutgoingMessage
 from saga.replies import DEAD_LETTERED, FailureReply, ResumeSaga, StepTimer
 from saga.state import Phase, SagaRecord, SagaStatus, StepLogEntry
@@ -87,35 +89,50 @@ class Orchestrator:
             return existing
         record = self.store.load(tx, saga_id)
         assert record is not None
-        run = _Run(self, tx, saga, record, cause=None)
-        run.advance(0)
-        run.commit()
+        with tracing.span(f"saga {saga.name} start", attributes={"saga.id": saga_id}):
+            run = _Run(self, tx, saga, record, cause=None)
+            run.advance(0)
+            run.commit()
         return saga_id
 
-    def on_reply(self, tx: psycopg.Connection[Any], reply: BaseModel, envelope: Envelope) -> None:
+    def on_reply(
+        self,
+        tx: psycopg.Connection[Any],
+        reply: BaseModel,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
         record, saga = self._waiting(tx, envelope.saga_id, envelope.causation_id, envelope)
-        run = _Run(self, tx, saga, record, cause=envelope)
+        run = _Run(self, tx, saga, record, cause=envelope, metrics=metrics)
         if isinstance(reply, FailureReply):
             run.on_failure(reply)
         else:
             run.on_success(reply)
         run.commit()
 
-    def on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, envelope: Envelope) -> None:
+    def on_timer(
+        self,
+        tx: psycopg.Connection[Any],
+        timer: StepTimer,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
         record, saga = self._waiting(tx, timer.saga_id, envelope.message_id, envelope)
-        run = _Run(self, tx, saga, record, cause=envelope)
+        run = _Run(self, tx, saga, record, cause=envelope, metrics=metrics)
         run.on_timer(timer)
         run.commit()
 
     def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
         request_cancel(self.store, tx, saga_id, reason)
 
-    def on_resume(self, tx: psycopg.Connection[Any], request: ResumeSaga) -> None:
+    def on_resume(
+        self, tx: psycopg.Connection[Any], request: ResumeSaga, metrics: Metrics | None = None
+    ) -> None:
         record = self.store.load(tx, request.saga_id)
         if record is None:
             raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
         saga = self.registry.definition(record.name, record.saga_version)
-        run = _Run(self, tx, saga, record, cause=None)
+        run = _Run(self, tx, saga, record, cause=None, metrics=metrics)
         if run.resume():
             logger.warning(
                 "saga %s resumed at step %s (%s): %s",
@@ -188,8 +205,11 @@ class _Run:
         saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.o = orchestrator
+        self.metrics = metrics
+        self.initial_status = record.status
         self.tx = tx
         self.saga = saga
         self.record = record
@@ -365,10 +385,11 @@ class _Run:
 
     def _retry_or_give_up(self, step: Step, phase: Phase, reason: str) -> None:
         attempt = self.record.step_attempt
-        if attempt >= self.saga.retry.attempts:
+        retry = self.saga.retry_for(step)
+        if attempt >= retry.attempts:
             self._give_up(step, phase, reason)
             return
-        delay = timedelta(seconds=self.saga.retry.delay(attempt))
+        delay = timedelta(seconds=retry.delay(attempt))
         timer = StepTimer(
             saga_id=self.record.id, step=step.name, phase=phase.value, attempt=attempt + 1
         )
@@ -525,3 +546,7 @@ class _Run:
         self.o.registry.outbox.add_many(self.tx, self.outgoing)
         for letter in self.dead_letters:
             self.o.dead_letters.add(self.tx, letter)
+        status = self.record.status
+        changed = status != self.initial_status
+        if self.metrics is not None and changed and (status.finished or status.needs_operator):
+            self.metrics.saga_outcomes.labels(self.saga.name, status.value).inc()

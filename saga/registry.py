@@ -136,12 +136,12 @@ class SagaRegistry:
         return self._service
 
     def _on_reply(self, tx: psycopg.Connection[Any], reply: BaseModel, ctx: HandlerContext) -> None:
-        self.orchestrator.on_reply(tx, reply, ctx.envelope)
+        self.orchestrator.on_reply(tx, reply, ctx.envelope, ctx.metrics)
 
     def _on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, ctx: HandlerContext) -> None:
-        self.orchestrator.on_timer(tx, timer, ctx.envelope)
+        self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics)
 
     def _on_resume(
         self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_resume(tx, request)
+        self.orchestrator.on_resume(tx, request, ctx.metrics)

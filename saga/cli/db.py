@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Annotated
+
 import typer
 from rich.table import Table
 
 from saga import migrate as migrations
 from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.durations import parse_duration
+from saga.retention import Pruner, RetentionPolicy
 
 app = typer.Typer(help="Create and upgrade the framework's tables.", no_args_is_help=True)
 
@@ -51,3 +56,50 @@ def status_command(database_url: DatabaseUrlOption = None, schema: SchemaOption 
     console.print(table)
     pending = sum(1 for s in states if not s.applied)
     console.print(f"{len(states) - pending} applied, {pending} pending")
+
+
+@app.command("prune")
+def prune_command(
+    dedup_window: Annotated[
+        str, typer.Option(help="Keep inbox rows this long (must exceed dead-letter retention).")
+    ] = "30d",
+    dead_letter_retention: Annotated[
+        str, typer.Option(help="Keep replayed or purged dead letters this long.")
+    ] = "14d",
+    saga_retention: Annotated[
+        str, typer.Option(help="Keep completed or compensated sagas and their step logs this long.")
+    ] = "30d",
+    batch_size: Annotated[int, typer.Option(help="Rows deleted per transaction.")] = 5000,
+    dry_run: Annotated[
+        bool, typer.Option(help="Count what would be deleted; delete nothing.")
+    ] = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Delete rows past their retention, in small batches that do not block the hot path."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    policy = RetentionPolicy(
+        dedup_window=_duration(dedup_window),
+        dead_letter_retention=_duration(dead_letter_retention),
+        saga_retention=_duration(saga_retention),
+        batch_size=batch_size,
+    )
+    pruner = Pruner(settings.db_schema, policy)
+    with connect(settings) as conn:
+        if dry_run:
+            report = pruner.count(conn)
+            verb = "would delete"
+        else:
+            with console.status("pruning") as status:
+                report = pruner.prune(
+                    conn, on_progress=lambda kind, n: status.update(f"pruning {kind}: {n} more")
+                )
+            verb = "deleted"
+    for kind, count in report.deleted.items():
+        console.print(f"{verb} {count:,} {kind.replace('_', ' ')} row(s)")
+
+
+def _duration(text: str) -> timedelta:
+    value = parse_duration(text)
+    assert value is not None
+    return value

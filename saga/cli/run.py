@@ -18,7 +18,32 @@ from saga.cli.common import (
     setup_logging,
     stop_on_signals,
 )
+from saga.cli.durations import parse_duration
+from saga.metrics import Metrics
+from saga.settings import Settings
 from saga.transport import BrokerConfig, Topology
+
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Serve Prometheus metrics on this port. Env: SAGA_METRICS_PORT.",
+        envvar="SAGA_METRICS_PORT",
+    ),
+]
+
+
+def _metrics(port: int | None, settings: Settings) -> Metrics | None:
+    if port is None:
+        return None
+    metrics = Metrics()
+    metrics.watch_database(settings.require_database_url(), settings.db_schema)
+    metrics.serve(port)
+    return metrics
+
+
+def _seconds(text: str | None) -> float | None:
+    duration = parse_duration(text)
+    return duration.total_seconds() if duration is not None else None
 
 
 def relay(
@@ -36,6 +61,13 @@ def relay(
     allow_async_commit: Annotated[
         bool, typer.Option(help="Run even if synchronous_commit is off (risks lost messages).")
     ] = False,
+    prune_interval: Annotated[
+        str | None,
+        typer.Option(
+            help="Also prune past-retention rows this often (e.g. 1h; default retention)."
+        ),
+    ] = None,
+    metrics_port: MetricsPortOption = None,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
 ) -> None:
@@ -50,12 +82,14 @@ def relay(
         max_publish_attempts=max_attempts,
         declare_queues=declare_queues,
         allow_async_commit=allow_async_commit,
+        prune_interval=_seconds(prune_interval),
     )
     worker = Relay(
         settings.require_database_url(),
         BrokerConfig(settings.require_broker_url()),
         options,
         Topology(queue_prefix=queue_prefix),
+        metrics=_metrics(metrics_port, settings),
     )
     stop = stop_on_signals()
     err_console.print(f"relay started: {worker!r}")
@@ -74,6 +108,7 @@ def consume(
     prefetch: Annotated[
         int, typer.Option(help="Deliveries taken at once; also the largest batch per transaction.")
     ] = 100,
+    metrics_port: MetricsPortOption = None,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
 ) -> None:
@@ -91,8 +126,8 @@ def consume(
         BrokerConfig(settings.require_broker_url()),
         ConsumerOptions(schema=settings.db_schema, concurrency=concurrency, prefetch=prefetch),
         Topology(queue_prefix=queue_prefix),
+        metrics=_metrics(metrics_port, settings),
+        stop_event=stop_on_signals(),
     )
-    stop = stop_on_signals()
-    runner.stop_event = stop
     err_console.print(f"consuming {service!r} with {concurrency} worker(s)")
     runner.run()

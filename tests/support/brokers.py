@@ -45,19 +45,31 @@ class TestBroker:
         headers: dict[str, Any] | None = None,
     ) -> None:
         """Publish bytes straight to a destination's queue, bypassing the outbox."""
+        self.publish_many(destination, [body], content_type, headers)
+
+    def publish_many(
+        self,
+        destination: str,
+        bodies: list[bytes],
+        content_type: str = "application/json",
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        """Publish several bodies on one connection, in order."""
         self.use(destination)
         with Connection(self.url) as conn:
             channel = conn.channel()
             self.topology.queue(destination)(channel).declare()
-            Producer(channel).publish(
-                body,
-                exchange="",
-                routing_key=self.topology.queue_name(destination),
-                content_type=content_type,
-                content_encoding="binary" if content_type != "application/json" else "utf-8",
-                headers=headers or {},
-                delivery_mode=2,
-            )
+            producer = Producer(channel)
+            for body in bodies:
+                producer.publish(
+                    body,
+                    exchange="",
+                    routing_key=self.topology.queue_name(destination),
+                    content_type=content_type,
+                    content_encoding="binary" if content_type != "application/json" else "utf-8",
+                    headers=headers or {},
+                    delivery_mode=2,
+                )
 
     def receive(self, destination: str, count: int, timeout: float = 10.0) -> list[Any]:
         """Take ``count`` messages from a destination's queue (acked), waiting up to ``timeout``."""

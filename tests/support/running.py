@@ -8,21 +8,27 @@ from contextlib import contextmanager
 
 from consumers import ConsumerOptions, Service, ServiceRunner
 from outbox_relay import Relay, RelayOptions
+from saga.metrics import Metrics
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 
 
 @contextmanager
 def running_service(
-    service: Service, db: TestDatabase, broker: TestBroker, **options: object
+    service: Service,
+    db: TestDatabase,
+    broker: TestBroker,
+    metrics: Metrics | None = None,
+    **options: object,
 ) -> Iterator[ServiceRunner]:
     broker.use(service.name)
     runner = ServiceRunner(
         service,
         db.url,
         broker.config,
-        ConsumerOptions(**options),
-        broker.topology,  # type: ignore[arg-type]
+        ConsumerOptions(**options),  # type: ignore[arg-type]
+        broker.topology,
+        metrics=metrics,
     )
     runner.start()
     try:

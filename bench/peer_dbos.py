@@ -1,0 +1,142 @@
+"""Peer: DBOS Transact workflows of three transactional steps, each step one step's writes.
+
+DBOS checkpoints workflows in PostgreSQL instead of passing messages. Its 3.x releases have no
+``@DBOS.transaction()``; a transactional step is ``@datasource.transaction()`` on a
+``SQLAlchemyDatasource`` over the application database, which records the step's output in
+the same transaction. Each step updates a random ``accounts`` row and inserts a ``step_log``
+row, at READ COMMITTED like the other measurements (DBOS's default is SERIALIZABLE).
+
+A subprocess (DBOS keeps global state) launches DBOS with its system database and the
+application database as two scratch databases on the local server, runs one warm-up
+workflow, then calls the workflow ``count`` times from a pool of ``threads`` threads. The
+figure is workflows per second from the first call to the last return; the parent checks
+that ``count`` third steps were committed, and drops both databases.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from bench.environment import ScratchDatabase
+from bench.workload import create_tables, finished
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = ((1, 4), (1, 8), (2, 4))  # (processes, threads per process)
+
+
+def _child(system_url: str, app_url: str, runs: range, threads: int) -> None:
+    """In a subprocess: launch DBOS, print ``ready``, wait for a line on stdin, run workflows
+    ``runs`` from ``threads`` callers, print the wall-clock time when the last one returned."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    import sqlalchemy as sa
+    from dbos import DBOS, DBOSConfig, SQLAlchemyDatasource
+
+    from bench.workload import ACCOUNTS
+
+    update = sa.text("UPDATE accounts SET balance = balance + 1 WHERE id = :id")
+    log = sa.text("INSERT INTO step_log (run, step) VALUES (:run, :step)")
+    config: DBOSConfig = {
+        "name": "saga_bench",
+        "system_database_url": system_url,
+        "sys_db_pool_size": max(20, threads + 4),
+        "max_executor_threads": threads,
+        "log_level": "WARNING",
+        "executor_id": f"bench-{runs.start}",
+    }
+    DBOS(config=config)
+    ds = SQLAlchemyDatasource.create(app_url, engine_kwargs={"pool_size": threads})
+
+    @ds.transaction(isolation_level="READ COMMITTED")
+    def step(run: int, number: int) -> None:
+        session = ds.sql_session()
+        session.execute(update, {"id": random.randint(1, ACCOUNTS)})
+        session.execute(log, {"run": run, "step": number})
+
+    @DBOS.workflow()
+    def three_steps(run: int) -> None:
+        for number in (1, 2, 3):
+            step(run, number)
+
+    DBOS.launch()
+    try:
+        three_steps(-1 - runs.start)  # warm-up, not counted
+        print("ready", flush=True)
+        sys.stdin.readline()
+        with ThreadPoolExecutor(threads) as callers:
+            list(callers.map(three_steps, runs))
+        print(json.dumps({"finished_at": time.time()}), flush=True)
+    finally:
+        DBOS.destroy()
+
+
+def _start(system: str, app: str, runs: range, threads: int) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "bench.peer_dbos", system, app]
+    command += [str(runs.start), str(runs.stop), str(threads)]
+    child = subprocess.Popen(
+        command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    if child.stdout.readline().strip() != "ready":
+        child.kill()
+        raise RuntimeError(f"DBOS did not start (exit code {child.wait()})")
+    return child
+
+
+def workflows_per_s(count: int = 1_000, threads: int = 4, processes: int = 1) -> float:
+    """Three-step DBOS workflows completed per second: ``processes`` DBOS processes sharing one
+    system database, each calling workflows from ``threads`` threads."""
+    try:
+        metadata.version("dbos")
+    except metadata.PackageNotFoundError as exc:
+        raise RuntimeError("dbos is not installed (pip install -e '.[bench]')") from exc
+    system = ScratchDatabase.create("saga_bench_dbos_sys", framework=False)
+    app = ScratchDatabase.create("saga_bench_dbos_app", framework=False)
+    children: list[subprocess.Popen[str]] = []
+    try:
+        create_tables(app.url)
+        # One at a time, so that only one of them creates DBOS's tables.
+        for i in range(processes):
+            runs = range(i * count // processes, (i + 1) * count // processes)
+            children.append(_start(system.url, app.url, runs, threads))
+        started = time.time()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        ends = []
+        for child in children:
+            out, _ = child.communicate(timeout=300)
+            if child.returncode != 0:
+                raise RuntimeError(f"a DBOS process exited with code {child.returncode}")
+            ends.append(json.loads(out.strip().splitlines()[-1])["finished_at"])
+        committed = finished(app.url, 3) - processes  # less the warm-up workflows
+        if committed != count:
+            raise RuntimeError(f"DBOS committed {committed} of {count} third steps")
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        app.drop()
+        system.drop()
+    return count / (max(ends) - started)
+
+
+def best(count: int = 1_000) -> tuple[float, tuple[int, int], str, dict[str, float]]:
+    """Try each of ``SETTINGS``; the best rate, its (processes, threads), version, every figure."""
+    sweep = {f"{p} x {t}": workflows_per_s(count, t, p) for p, t in SETTINGS}
+    name = max(sweep, key=sweep.__getitem__)
+    processes, threads = (int(n) for n in name.split(" x "))
+    return sweep[name], (processes, threads), metadata.version("dbos"), sweep
+
+
+if __name__ == "__main__":
+    first, stop, threads = (int(n) for n in sys.argv[3:6])
+    _child(sys.argv[1], sys.argv[2], range(first, stop), threads)
