@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 
 from consumers.processing import Outcome
 from consumers.service import Service
 from consumers.worker import ConsumerOptions, Worker
+from saga.errors import SagaError
 from saga.metrics import Metrics
 from saga.transport import BrokerConfig, Topology
 
@@ -61,8 +63,20 @@ class ServiceRunner:
             self._threads.append(thread)
 
     def wait_ready(self, timeout: float) -> bool:
-        """True once every worker is connected and consuming."""
-        return all(worker.ready.wait(timeout) for worker in self.workers)
+        """True once every worker is connected and consuming (False if one failed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.failure is not None:
+                return False
+            if all(worker.ready.is_set() for worker in self.workers):
+                return True
+            time.sleep(0.01)
+        return False
+
+    @property
+    def failure(self) -> SagaError | None:
+        """The error that stopped a worker for good (bad configuration), if any."""
+        return next((w.failure for w in self.workers if w.failure is not None), None)
 
     def stop(self, timeout: float | None = None) -> None:
         self.stop_event.set()
@@ -76,6 +90,8 @@ class ServiceRunner:
             for thread in self._threads:
                 thread.join(0.5)
         logger.info("%s stopped: %s", self.service.name, dict(self.counts))
+        if self.failure is not None:
+            raise self.failure
 
     @property
     def counts(self) -> Counter[Outcome]:

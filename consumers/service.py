@@ -51,6 +51,7 @@ class Service:
         self.name = validate_name(name, "service name")
         self.retry = retry or RetryPolicy()
         self._handlers: dict[str, HandlerSpec] = {}
+        self.connect_hooks: list[Callable[[psycopg.Connection[Any]], None]] = []
 
     def __repr__(self) -> str:
         return f"Service({self.name!r}, handlers={sorted(self._handlers)})"
@@ -84,6 +85,13 @@ class Service:
                 f"service {self.name!r} already has a handler for {type_name!r} ({existing.name})"
             )
         self._handlers[type_name] = HandlerSpec(message_class, func, retry or self.retry)
+
+    def on_connect(self, hook: Callable[[psycopg.Connection[Any]], None]) -> None:
+        """Run ``hook(conn)`` (in a transaction) when a worker connects, before consuming.
+
+        A hook that raises :class:`~saga.errors.ConfigurationError` stops the service.
+        """
+        self.connect_hooks.append(hook)
 
     def handler_for(self, type_name: str) -> HandlerSpec | None:
         return self._handlers.get(type_name)

@@ -21,6 +21,7 @@ from kombu.message import Message
 from consumers.processing import BatchProcessor, Delivery, Outcome
 from consumers.service import Service
 from saga.envelope import CONTENT_TYPE
+from saga.errors import SagaError
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
 from saga.logcontext import log_context
@@ -82,6 +83,7 @@ class Worker:
         self._broker_conn: Connection | None = None
         self._consumer: Consumer | None = None
         self.ready = threading.Event()
+        self.failure: SagaError | None = None
 
     def __repr__(self) -> str:
         return (
@@ -101,6 +103,10 @@ class Worker:
                 self.ready.set()
                 with log_context(consumer=self.service.name):
                     self._loop(stop)
+            except SagaError as exc:
+                logger.error("%s cannot run: %s", self.name, exc)
+                self.failure = exc
+                stop.set()
             except self._transient_errors() as exc:
                 logger.warning(
                     "%s lost a connection, reconnecting: %s",
@@ -119,6 +125,9 @@ class Worker:
             self._db = psycopg.connect(self.database_url, autocommit=False)
         except psycopg.OperationalError as exc:
             raise ConnectionError(redact_text(str(exc), self._secret)) from None
+        for hook in self.service.connect_hooks:
+            with self._db.transaction():
+                hook(self._db)
         conn = self.broker.connect()
         conn.ensure_connection(max_retries=1)
         self._broker_conn = conn

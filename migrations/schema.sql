@@ -83,7 +83,10 @@ CREATE TABLE saga_instances (
     started_at         timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now(),
     step_started_at    timestamptz,
-    finished_at        timestamptz
+    finished_at        timestamptz,
+    waiting_for        text,
+    wait_schema        jsonb,
+    wait_deadline      timestamptz
 );
 
 CREATE UNIQUE INDEX saga_instances_idempotency
@@ -92,6 +95,8 @@ CREATE INDEX saga_instances_unfinished
     ON saga_instances (status, updated_at) WHERE finished_at IS NULL;
 CREATE INDEX saga_instances_name_status ON saga_instances (name, status, started_at);
 CREATE INDEX saga_instances_started_at ON saga_instances USING brin (started_at);
+CREATE INDEX saga_instances_waiting
+    ON saga_instances (name, waiting_for) WHERE waiting_for IS NOT NULL;
 
 ALTER TABLE saga_instances SET (fillfactor = 80);
 
@@ -101,13 +106,15 @@ CREATE TABLE saga_steps (
     step        text        NOT NULL,
     phase       text        NOT NULL CHECK (phase IN ('forward', 'compensation')),
     attempt     integer     NOT NULL DEFAULT 1,
-    outcome     text        NOT NULL CHECK (outcome IN (
-                    'succeeded', 'failed', 'skipped', 'retrying')),
+    outcome     text        NOT NULL,
     started_at  timestamptz NOT NULL,
     finished_at timestamptz NOT NULL,
     error       text,
     message_id  uuid
 );
+ALTER TABLE saga_steps ADD CONSTRAINT saga_steps_outcome_check CHECK (outcome IN (
+    'succeeded', 'failed', 'skipped', 'retrying', 'timed_out', 'ignored', 'migrated',
+    'deadline_exceeded'));
 CREATE INDEX saga_steps_saga ON saga_steps (saga_id, id);
 CREATE INDEX saga_steps_finished_at ON saga_steps USING brin (finished_at);
 
@@ -152,3 +159,13 @@ SELECT consumer, reason, error_type, count(*) AS letters,
 FROM dead_letters
 WHERE status = 'pending'
 GROUP BY consumer, reason, error_type;
+
+-- Large payloads kept out of messages and saga data: only the id travels.
+CREATE TABLE claim_checks (
+    id           uuid        PRIMARY KEY,
+    content_type text        NOT NULL,
+    content      bytea       NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    expires_at   timestamptz
+);
+CREATE INDEX claim_checks_expires_at ON claim_checks (expires_at) WHERE expires_at IS NOT NULL;

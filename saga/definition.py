@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Generic, TypeVar, cast, get_type_hints
 from uuid import UUID
 
@@ -30,6 +31,11 @@ from saga.identifiers import validate_name
 D = TypeVar("D", bound=BaseModel)
 
 Tx = psycopg.Connection[Any]
+
+#: ``on_timeout`` / ``on_deadline`` values.
+COMPENSATE = "compensate"
+RETRY = "retry"
+DEFAULT_MAX_DATA_BYTES = 64 * 1024
 LocalAction = Callable[[Tx, Any], BaseModel | None]
 CommandBuilder = Callable[[Any], BaseModel]
 ReplyHandler = Callable[[Any, Any], BaseModel]
@@ -80,11 +86,48 @@ class RemoteStep:
     when: Condition | None = None
     pivot: bool = False
     retry: StepRetry | None = None
+    deadline: timedelta | None = None
+    on_deadline: str = RETRY
 
     kind = "remote"
 
 
-Step = LocalStep | RemoteStep
+@dataclass(frozen=True, slots=True)
+class WaitStep:
+    """A durable wait for a named external event (``saga signal``), with a timeout.
+
+    While it waits no process holds the saga: it is a row, and its timeout a
+    scheduled message. ``on_event(data, event)`` returns the new data (or
+    None); raising :class:`~saga.errors.StepFailed` compensates. On timeout the
+    saga compensates, or jumps to the step named by ``on_timeout``.
+    """
+
+    name: str
+    event: str
+    payload: type[BaseModel]
+    timeout: timedelta | None = None
+    on_event: ReplyHandler | None = None
+    on_timeout: str = COMPENSATE
+    when: Condition | None = None
+    pivot: bool = False
+    retry: StepRetry | None = None
+    compensation: None = None
+
+    kind = "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationRule:
+    """How running sagas of ``from_version`` move to the version that declares the rule.
+
+    A saga moves unless its recorded progress shows it completed ``unless_passed``.
+    """
+
+    from_version: int
+    unless_passed: str
+
+
+Step = LocalStep | RemoteStep | WaitStep
 
 
 @dataclass(slots=True)
@@ -102,6 +145,7 @@ class Saga(Generic[D]):
         data: type[D],
         version: int = 1,
         retry: StepRetry | None = None,
+        max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
     ) -> None:
         self.name = validate_name(name, "saga name")
         if not (isinstance(data, type) and issubclass(data, BaseModel)):
@@ -111,7 +155,9 @@ class Saga(Generic[D]):
         self.data_model = data
         self.version = version
         self.retry = retry or StepRetry()
+        self.max_data_bytes = max_data_bytes
         self.steps: list[Step] = []
+        self.migrations: list[MigrationRule] = []
         self._draft = _Draft()
         self.registry: Any = None  # set by SagaRegistry.register
 
@@ -165,6 +211,8 @@ class Saga(Generic[D]):
         when: Condition | None = None,
         pivot: bool = False,
         retry: StepRetry | None = None,
+        deadline: timedelta | None = None,
+        on_deadline: str = RETRY,
     ) -> None:
         """A step that sends ``command(data)`` to ``service`` and waits for its reply.
 
@@ -172,6 +220,10 @@ class Saga(Generic[D]):
         message class built from the data's fields of the same names.
         ``on_reply(data, reply)`` returns the updated data. ``retry`` overrides the
         saga's :class:`StepRetry` for this step (after the pivot) and its compensation.
+        With a ``deadline``, a reply that has not come in time makes the saga send
+        the command again (``on_deadline="retry"``, same message id, up to the
+        retry attempts) or compensate, this step included
+        (``on_deadline="compensate"``).
         """
         self.steps.append(
             RemoteStep(
@@ -186,8 +238,35 @@ class Saga(Generic[D]):
                 when=when,
                 pivot=pivot,
                 retry=retry,
+                deadline=deadline,
+                on_deadline=on_deadline,
             )
         )
+
+    def wait(
+        self,
+        name: str,
+        *,
+        event: str,
+        payload: type[BaseModel],
+        timeout: timedelta | None = None,
+        on_event: ReplyHandler | None = None,
+        on_timeout: str = COMPENSATE,
+        when: Condition | None = None,
+    ) -> None:
+        """A step that waits for ``event`` (its data validated as ``payload``)."""
+        self.steps.append(WaitStep(name, event, payload, timeout, on_event, on_timeout, when))
+
+    def migrate_from(self, version: int, *, unless_passed: str) -> None:
+        """Move running sagas of ``version`` to this one, except those past ``unless_passed``.
+
+        Run with ``saga migrate-instances NAME --to THIS_VERSION``. Guards read each
+        saga's recorded progress, never the clock or the code.
+        """
+        self.migrations.append(MigrationRule(version, unless_passed))
+
+    def migration_from(self, version: int) -> MigrationRule | None:
+        return next((m for m in self.migrations if m.from_version == version), None)
 
     # -- inspection ----------------------------------------------------------
 
@@ -267,7 +346,9 @@ class Saga(Generic[D]):
                     f"step {step.name!r} comes after the pivot {self.steps[pivot].name!r} "
                     "and so is never compensated; remove its compensation"
                 )
-            if isinstance(step, LocalStep):
+            if isinstance(step, WaitStep):
+                problems.extend(self._wait_problems(i, step, pivot))
+            elif isinstance(step, LocalStep):
                 name = step.compensation
                 if isinstance(name, str) and name not in self._draft.local_compensations:
                     problems.append(
@@ -279,6 +360,50 @@ class Saga(Generic[D]):
         if problems:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version} is invalid:\n  - " + "\n  - ".join(problems)
+            )
+
+    def _wait_problems(self, index: int, step: WaitStep, pivot: int | None) -> list[str]:
+        problems = []
+        if not (isinstance(step.payload, type) and issubclass(step.payload, BaseModel)):
+            problems.append(f"wait step {step.name!r}: payload must be a pydantic model class")
+        target = step.on_timeout
+        if step.timeout is not None and target != COMPENSATE:
+            later = [s.name for s in self.steps[index + 1 :]]
+            if target not in later:
+                problems.append(
+                    f"wait step {step.name!r}: on_timeout {target!r} is neither 'compensate' "
+                    "nor a later step"
+                )
+        if (
+            step.timeout is not None
+            and target == COMPENSATE
+            and pivot is not None
+            and index > pivot
+        ):
+            problems.append(
+                f"wait step {step.name!r} is after the pivot, so its timeout cannot compensate; "
+                "name a later step in on_timeout"
+            )
+        return problems
+
+    def validate_migration(self, older: Saga[Any]) -> None:
+        """Check that sagas of ``older`` can continue on this version under its rule."""
+        rule = self.migration_from(older.version)
+        if rule is None:
+            return
+        names = {s.name for s in self.steps}
+        older_names = [s.name for s in older.steps]
+        if rule.unless_passed not in names or rule.unless_passed not in older_names:
+            raise ConfigurationError(
+                f"saga {self.name!r} v{self.version}: migration guard step {rule.unless_passed!r} "
+                f"must exist in v{older.version} and v{self.version}"
+            )
+        reachable = older_names[: older_names.index(rule.unless_passed) + 1]
+        missing = [n for n in reachable if n not in names]
+        if missing:
+            raise ConfigurationError(
+                f"saga {self.name!r} v{self.version} cannot take v{older.version} sagas that have "
+                f"not passed {rule.unless_passed!r}: it lacks their steps {missing}"
             )
 
     def _route_problems(self, step: RemoteStep, routes: dict[type[BaseModel], str]) -> list[str]:

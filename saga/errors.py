@@ -79,3 +79,19 @@ class UnexpectedReply(SagaError):
 
 class NotCancellable(SagaError):
     """The saga cannot be cancelled in its current state (finished, or past its pivot)."""
+
+
+class SagaDataTooLarge(SagaError):
+    """Saga data over its cap; nothing was written (store large data in a claim check)."""
+
+    def __init__(self, saga: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"saga {saga!r} data is {size} bytes, over the {limit}-byte cap; keep large "
+            "content in a claim check (saga.claimcheck) and put its id in the data"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class SignalRejected(SagaError):
+    """A signal for a saga that does not exist, is not waiting for it, or with bad data."""

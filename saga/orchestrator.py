@@ -10,30 +10,27 @@ optimistic ``WHERE version = n``. A lost race raises
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from saga import tracing
-from saga.dead_letters import DeadLetter, DeadLetterStore
-from saga.definition import LocalStep, RemoteStep, Saga, Step
+from saga.dead_letters import DeadLetterStore
+from saga.definition import Saga
 from saga.envelope import Envelope
 from saga.errors import (
     ConfigurationError,
     NotCancellable,
+    SagaDataTooLarge,
     StaleReply,
-    StepFailed,
-    UnexpectedReply,
     UnknownSaga,
 )
-from saga.faults import fault_point
+from saga.execution import SagaRun, now
 from saga.ids import uuid7
 from saga.metrics import Metrics
-from saga.outbox import OutgoingMessage
-from saga.replies import DEAD_LETTERED, FailureReply, ResumeSaga, StepTimer
+from saga.replies import FailureReply, ResumeSaga, Signal, StepDeadline, StepTimer, WaitTimeout
 from saga.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.store import SagaStore
 
@@ -41,13 +38,6 @@ if TYPE_CHECKING:
     from saga.registry import SagaRegistry
 
 logger = logging.getLogger(__name__)
-
-STEP_HEADER = "step"
-IDEMPOTENCY_KEY_HEADER = "idempotency_key"
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 class Orchestrator:
@@ -71,6 +61,9 @@ class Orchestrator:
             raise ConfigurationError(
                 f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
             )
+        size = len(data.__pydantic_serializer__.to_json(data))
+        if size > saga.max_data_bytes:
+            raise SagaDataTooLarge(saga.name, size, saga.max_data_bytes)
         saga_id = uuid7()
         inserted = self.store.insert(
             tx,
@@ -90,7 +83,7 @@ class Orchestrator:
         record = self.store.load(tx, saga_id)
         assert record is not None
         with tracing.span(f"saga {saga.name} start", attributes={"saga.id": saga_id}):
-            run = _Run(self, tx, saga, record, cause=None)
+            run = SagaRun(self, tx, saga, record, cause=None)
             run.advance(0)
             run.commit()
         return saga_id
@@ -103,7 +96,7 @@ class Orchestrator:
         metrics: Metrics | None = None,
     ) -> None:
         record, saga = self._waiting(tx, envelope.saga_id, envelope.causation_id, envelope)
-        run = _Run(self, tx, saga, record, cause=envelope, metrics=metrics)
+        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
         if isinstance(reply, FailureReply):
             run.on_failure(reply)
         else:
@@ -118,8 +111,56 @@ class Orchestrator:
         metrics: Metrics | None = None,
     ) -> None:
         record, saga = self._waiting(tx, timer.saga_id, envelope.message_id, envelope)
-        run = _Run(self, tx, saga, record, cause=envelope, metrics=metrics)
+        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
         run.on_timer(timer)
+        run.commit()
+
+    def on_signal(
+        self, tx: psycopg.Connection[Any], signal: Signal, metrics: Metrics | None = None
+    ) -> None:
+        record = self._load(tx, signal.saga_id)
+        saga = self.registry.definition(record.name, record.saga_version)
+        run = SagaRun(self, tx, saga, record, cause=None, metrics=metrics)
+        try:
+            refused = run.on_signal(signal)
+        except ValidationError as exc:
+            refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
+        if refused:
+            self._ignored(tx, record, f"signal {signal.event}", refused)
+        else:
+            run.commit()
+
+    def on_wait_timeout(
+        self,
+        tx: psycopg.Connection[Any],
+        timeout: WaitTimeout,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
+        record = self._load(tx, timeout.saga_id)
+        if record.pending_message_id != envelope.message_id or record.waiting_for is None:
+            # A signal (or an operator) got there first: the timeout loses, and says so.
+            self._ignored(tx, record, timeout.step, "timeout lost the race: the saga moved on")
+            return
+        saga = self.registry.definition(record.name, record.saga_version)
+        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
+        run.on_wait_timeout()
+        run.commit()
+
+    def on_deadline(
+        self,
+        tx: psycopg.Connection[Any],
+        deadline: StepDeadline,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
+        record = self._load(tx, deadline.saga_id)
+        if record.pending_message_id != deadline.awaited or record.status is not SagaStatus.RUNNING:
+            logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
+            return
+        saga = self.registry.definition(record.name, record.saga_version)
+        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
+        run.on_deadline(deadline)
         run.commit()
 
     def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
@@ -132,7 +173,7 @@ class Orchestrator:
         if record is None:
             raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
         saga = self.registry.definition(record.name, record.saga_version)
-        run = _Run(self, tx, saga, record, cause=None, metrics=metrics)
+        run = SagaRun(self, tx, saga, record, cause=None, metrics=metrics)
         if run.resume():
             logger.warning(
                 "saga %s resumed at step %s (%s): %s",
@@ -152,6 +193,35 @@ class Orchestrator:
             )
 
     # -- helpers -------------------------------------------------------------
+
+    def _load(self, tx: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord:
+        record = self.store.load(tx, saga_id)
+        if record is None:
+            raise UnknownSaga(f"no saga {saga_id}")
+        return record
+
+    def _ignored(
+        self, tx: psycopg.Connection[Any], record: SagaRecord, step: str, reason: str
+    ) -> None:
+        """Record, without touching the saga, an event that arrived too late to matter."""
+        moment = now()
+        self.store.log(
+            tx,
+            [
+                StepLogEntry(
+                    record.id,
+                    step,
+                    Phase.FORWARD,
+                    record.step_attempt,
+                    "ignored",
+                    moment,
+                    moment,
+                    reason,
+                )
+            ],
+        )
+        logger.info("saga %s: %s ignored: %s", record.id, step, reason,
+                    extra={"saga_id": str(record.id), "step": step})  # fmt: skip
 
     def _waiting(
         self,
@@ -193,360 +263,3 @@ def request_cancel(
             f"saga {saga_id} is {record.status.value}; only a running saga can be cancelled"
         )
     raise NotCancellable(f"saga {saga_id} has reached its pivot step; it can only go forward")
-
-
-class _Run:
-    """One saga instance being moved along inside one transaction."""
-
-    def __init__(
-        self,
-        orchestrator: Orchestrator,
-        tx: psycopg.Connection[Any],
-        saga: Saga[Any],
-        record: SagaRecord,
-        cause: Envelope | None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.o = orchestrator
-        self.metrics = metrics
-        self.initial_status = record.status
-        self.tx = tx
-        self.saga = saga
-        self.record = record
-        self.cause = cause
-        self.data: BaseModel = saga.data_model.model_validate(record.data)
-        self.log: list[StepLogEntry] = []
-        self.outgoing: list[OutgoingMessage] = []
-        self.dead_letters: list[DeadLetter] = []
-
-    # -- events --------------------------------------------------------------
-
-    def on_success(self, reply: BaseModel) -> None:
-        step = self._current()
-        if self.record.status is SagaStatus.RUNNING:
-            if isinstance(step, RemoteStep) and step.reply and not isinstance(reply, step.reply):
-                raise UnexpectedReply(
-                    f"step {step.name!r} expects {step.reply.__name__}, got {type(reply).__name__}"
-                )
-            if isinstance(step, RemoteStep) and step.on_reply is not None:
-                self._set_data(step.on_reply(self.data, reply), f"on_reply of {step.name!r}")
-            self._log(step, Phase.FORWARD, "succeeded", self.record.step_started_at)
-            self.record.completed_steps.append(step.name)
-            if self.record.cancel_requested:
-                self._begin_compensation(self.record.last_error or "cancelled")
-            else:
-                self.advance(self.saga.index(step.name) + 1)
-        else:
-            self._log(step, Phase.COMPENSATION, "succeeded", self.record.step_started_at)
-            self.record.completed_steps.pop()
-            self._compensate_next(attempt=1)
-
-    def on_failure(self, failure: FailureReply) -> None:
-        step = self._current()
-        reason = f"{step.name}: {failure.reason}"
-        if self.record.status is SagaStatus.RUNNING:
-            self._log(step, Phase.FORWARD, "failed", self.record.step_started_at, reason)
-            if self.saga.after_pivot(step.name):
-                self._retry_or_give_up(step, Phase.FORWARD, reason)
-            else:
-                self._begin_compensation(reason)
-        else:
-            self._log(step, Phase.COMPENSATION, "failed", self.record.step_started_at, reason)
-            if failure.code == DEAD_LETTERED:
-                self._give_up(step, Phase.COMPENSATION, reason)
-            else:
-                self._retry_or_give_up(step, Phase.COMPENSATION, reason)
-
-    def on_timer(self, timer: StepTimer) -> None:
-        step = self.saga.step(timer.step)
-        if timer.phase == Phase.FORWARD:
-            self._send_forward(step, timer.attempt)
-        else:
-            self._compensate_next(attempt=timer.attempt)
-
-    def resume(self) -> bool:
-        """Try again what stopped the saga; False when there is nothing to resume."""
-        record = self.record
-        if record.status is SagaStatus.COMPENSATION_FAILED:
-            record.status = SagaStatus.COMPENSATING
-            self._compensate_next(attempt=1)
-            return True
-        if record.status is SagaStatus.FORWARD_FAILED:
-            self._send_forward(self._current(), attempt=1)
-            return True
-        if record.status.finished or record.pending_message_id is None or record.step is None:
-            return False
-        # Stuck waiting: send the pending request again under the same message id, so a
-        # participant that did handle it skips it (inbox) and one that did not handles it now.
-        step = self._current()
-        if record.status is SagaStatus.RUNNING:
-            self._send_forward(step, record.step_attempt, message_id=record.pending_message_id)
-        elif isinstance(step, RemoteStep) and step.compensation is not None:
-            self._send_compensation(step, record.step_attempt, message_id=record.pending_message_id)
-        else:
-            self._compensate_next(attempt=record.step_attempt)
-        return True
-
-    # -- moving forward ------------------------------------------------------
-
-    def advance(self, index: int) -> None:
-        """Run steps from ``index`` on: local ones now, up to the next remote one."""
-        for step in self.saga.steps[index:]:
-            if step.when is not None and not step.when(self.data):
-                now = _now()
-                self._log(step, Phase.FORWARD, "skipped", now, finished=now, attempt=1)
-                continue
-            if isinstance(step, RemoteStep):
-                self._send_forward(step, attempt=1)
-                return
-            if not self._run_local(step):
-                return
-        self.record.status = SagaStatus.COMPLETED
-        self.record.step = None
-        self.record.pending_message_id = None
-
-    def _run_local(self, step: LocalStep) -> bool:
-        started = _now()
-        try:
-            with self.tx.transaction():
-                result = step.action(self.tx, self.data)
-        except StepFailed as failure:
-            reason = f"{step.name}: {failure.reason}"
-            self._log(step, Phase.FORWARD, "failed", started, reason, attempt=1)
-            if self.saga.after_pivot(step.name):
-                raise RuntimeError(
-                    f"step {step.name!r} is after the pivot and may not fail: {reason}"
-                ) from failure
-            self._begin_compensation(reason)
-            return False
-        if result is not None:
-            self._set_data(result, f"step {step.name!r}")
-        self._log(step, Phase.FORWARD, "succeeded", started, attempt=1)
-        self.record.completed_steps.append(step.name)
-        return True
-
-    def _send_forward(self, step: Step, attempt: int, message_id: UUID | None = None) -> None:
-        assert isinstance(step, RemoteStep)
-        command = step.command(self.data)
-        key = f"{self.record.id}:{step.name}"
-        self._send(command, self.saga.service_of(step), step.name, key, attempt, message_id)
-        self.record.status = SagaStatus.RUNNING
-
-    def _send_compensation(
-        self, step: RemoteStep, attempt: int, message_id: UUID | None = None
-    ) -> None:
-        assert step.compensation is not None
-        key = f"{self.record.id}:{step.name}:compensation"
-        command = step.compensation(self.data)
-        service = self.saga.compensation_service(step)
-        self._send(command, service, step.name, key, attempt, message_id)
-
-    # -- compensating ---------------------------------------------------------
-
-    def _begin_compensation(self, reason: str) -> None:
-        self.record.status = SagaStatus.COMPENSATING
-        self.record.last_error = reason
-        self._compensate_next(attempt=1)
-
-    def _compensate_next(self, attempt: int) -> None:
-        completed = self.record.completed_steps
-        while completed:
-            step = self.saga.step(completed[-1])
-            if isinstance(step, RemoteStep):
-                if step.compensation is None:
-                    completed.pop()
-                    continue
-                self._send_compensation(step, attempt)
-                return
-            action = self.saga.local_compensation_for(step)
-            if action is None:
-                completed.pop()
-                continue
-            started = _now()
-            try:
-                with self.tx.transaction():
-                    fault_point("orchestrator.in_compensation")
-                    action(self.tx, self.data)
-            except Exception as exc:
-                reason = f"{step.name}: {type(exc).__name__}: {exc}"
-                self._log(step, Phase.COMPENSATION, "failed", started, reason, attempt=attempt)
-                self.record.step = step.name
-                self.record.step_attempt = attempt
-                self._retry_or_give_up(step, Phase.COMPENSATION, reason)
-                return
-            self._log(step, Phase.COMPENSATION, "succeeded", started, attempt=attempt)
-            completed.pop()
-            attempt = 1
-        self.record.status = SagaStatus.COMPENSATED
-        self.record.step = None
-        self.record.pending_message_id = None
-
-    # -- retries and giving up -----------------------------------------------
-
-    def _retry_or_give_up(self, step: Step, phase: Phase, reason: str) -> None:
-        attempt = self.record.step_attempt
-        retry = self.saga.retry_for(step)
-        if attempt >= retry.attempts:
-            self._give_up(step, phase, reason)
-            return
-        delay = timedelta(seconds=retry.delay(attempt))
-        timer = StepTimer(
-            saga_id=self.record.id, step=step.name, phase=phase.value, attempt=attempt + 1
-        )
-        envelope = self._envelope(timer, headers={STEP_HEADER: step.name})
-        self.outgoing.append(OutgoingMessage(envelope, self.o.registry.service_name, delay))
-        self.record.step = step.name
-        self.record.pending_message_id = envelope.message_id
-        logger.warning(
-            "saga %s step %s (%s) failed on attempt %d, retrying in %s: %s",
-            self.record.id,
-            step.name,
-            phase.value,
-            attempt,
-            delay,
-            reason,
-            extra={"saga_id": str(self.record.id), "step": step.name},
-        )
-
-    def _give_up(self, step: Step, phase: Phase, reason: str) -> None:
-        record = self.record
-        record.status = (
-            SagaStatus.COMPENSATION_FAILED
-            if phase is Phase.COMPENSATION
-            else SagaStatus.FORWARD_FAILED
-        )
-        record.last_error = reason
-        record.pending_message_id = None
-        record.step = step.name
-        error_type = "CompensationFailed" if phase is Phase.COMPENSATION else "ForwardStepFailed"
-        # Replaying this dead letter resumes the saga (the same as `saga resume`).
-        body = Envelope.wrap(
-            ResumeSaga(saga_id=record.id, reason="dead letter replayed"), saga_id=record.id
-        )
-        self.dead_letters.append(
-            DeadLetter(
-                consumer=self.o.registry.service_name,
-                reason="failed",
-                body=body.to_bytes(),
-                content_type="application/json",
-                message_id=body.message_id,
-                message_type=body.type,
-                saga_id=record.id,
-                destination=self.o.registry.service_name,
-                error_type=error_type,
-                error_message=f"saga {record.name} {record.id}: {reason} "
-                f"(after {record.step_attempt} attempts; `saga resume {record.id}` once fixed)",
-                attempts=record.step_attempt,
-            )
-        )
-        logger.error(
-            "saga %s is %s at step %s: %s",
-            record.id,
-            record.status.value,
-            step.name,
-            reason,
-            extra={"saga_id": str(record.id), "step": step.name},
-        )
-
-    # -- plumbing ------------------------------------------------------------
-
-    def _send(
-        self,
-        command: BaseModel,
-        service: str,
-        step: str,
-        key: str,
-        attempt: int,
-        message_id: UUID | None = None,
-    ) -> None:
-        envelope = self._envelope(
-            command,
-            reply_to=self.o.registry.service_name,
-            headers={STEP_HEADER: step, IDEMPOTENCY_KEY_HEADER: key},
-            message_id=message_id,
-        )
-        self.outgoing.append(OutgoingMessage(envelope, service))
-        record = self.record
-        if record.step != step or attempt == 1 or record.step_started_at is None:
-            record.step_started_at = _now()
-        record.step = step
-        record.pending_message_id = envelope.message_id
-        record.step_attempt = attempt
-
-    def _envelope(
-        self,
-        message: BaseModel,
-        *,
-        reply_to: str | None = None,
-        headers: dict[str, str],
-        message_id: UUID | None = None,
-    ) -> Envelope:
-        return Envelope.wrap(
-            message,
-            message_id=message_id,
-            saga_id=self.record.id,
-            correlation_id=self.cause.correlation_id if self.cause else self.record.id,
-            causation_id=self.cause.message_id if self.cause else None,
-            reply_to=reply_to,
-            headers=headers,
-        )
-
-    def _pivot_reached(self) -> bool:
-        pivot = self.saga.pivot_index
-        if pivot is None:
-            return False
-        names = [*self.record.completed_steps, *([self.record.step] if self.record.step else [])]
-        return any(self.saga.index(name) >= pivot for name in names)
-
-    def _current(self) -> Step:
-        if self.record.step is None:
-            raise StaleReply(f"saga {self.record.id} has no current step")
-        return self.saga.step(self.record.step)
-
-    def _set_data(self, value: object, where: str) -> None:
-        if not isinstance(value, self.saga.data_model):
-            raise ConfigurationError(
-                f"{where} returned {type(value).__name__}; it must return "
-                f"{self.saga.data_model.__name__} (or None to keep the data)"
-            )
-        self.data = value
-
-    def _log(
-        self,
-        step: Step,
-        phase: Phase,
-        outcome: str,
-        started: datetime | None,
-        error: str | None = None,
-        *,
-        finished: datetime | None = None,
-        attempt: int | None = None,
-    ) -> None:
-        finished = finished or _now()
-        self.log.append(
-            StepLogEntry(
-                saga_id=self.record.id,
-                step=step.name,
-                phase=phase,
-                attempt=attempt or self.record.step_attempt,
-                outcome=outcome,
-                started_at=started or finished,
-                finished_at=finished,
-                error=error,
-                message_id=self.record.pending_message_id if isinstance(step, RemoteStep) else None,
-            )
-        )
-
-    def commit(self) -> None:
-        """Save the row (optimistically), the step log, outgoing messages and dead letters."""
-        self.record.data = self.data.model_dump(mode="json")
-        self.record.pivot_reached = self._pivot_reached()
-        self.o.store.save(self.tx, self.record)
-        self.o.store.log(self.tx, self.log)
-        self.o.registry.outbox.add_many(self.tx, self.outgoing)
-        for letter in self.dead_letters:
-            self.o.dead_letters.add(self.tx, letter)
-        status = self.record.status
-        changed = status != self.initial_status
-        if self.metrics is not None and changed and (status.finished or status.needs_operator):
-            self.metrics.saga_outcomes.labels(self.saga.name, status.value).inc()

@@ -7,22 +7,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from consumers.context import HandlerContext
 from consumers.retry import RetryPolicy
-from consumers.service import Service
-from saga.definition import RemoteStep, Saga
+from consumers.service import Handler, Service
+from saga import signals
+from saga.definition import RemoteStep, Saga, WaitStep
 from saga.envelope import message_type_of
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, SignalRejected
 from saga.identifiers import validate_name, validate_schema
 from saga.orchestrator import Orchestrator
 from saga.outbox import Outbox
-from saga.replies import Ack, FailureReply, ResumeSaga, StepTimer
+from saga.replies import (
+    Ack,
+    FailureReply,
+    ResumeSaga,
+    Signal,
+    StepDeadline,
+    StepTimer,
+    WaitTimeout,
+)
+from saga.state import Phase, StepLogEntry
+
+_INTERNAL: tuple[type[BaseModel], ...] = (StepTimer, ResumeSaga, Signal, WaitTimeout, StepDeadline)
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationReport:
+    """What ``migrate_instances`` did (or, dry, would do), per older version."""
+
+    moved: dict[int, int]
+    stayed: dict[int, int]
 
 
 class SagaRegistry:
@@ -47,9 +70,8 @@ class SagaRegistry:
         self.retry = retry or RetryPolicy()
         self.outbox = outbox or Outbox(self.schema)
         self._sagas: dict[str, dict[int, Saga[Any]]] = {}
-        self._reply_types: dict[str, type[BaseModel]] = {
-            message_type_of(m): m for m in (Ack, FailureReply, StepTimer, ResumeSaga)
-        }
+        built_in: list[type[BaseModel]] = [Ack, FailureReply, *_INTERNAL]
+        self._reply_types: dict[str, type[BaseModel]] = {message_type_of(m): m for m in built_in}
         self.orchestrator: Orchestrator = Orchestrator(self)
         self._service: Service | None = None
 
@@ -77,6 +99,9 @@ class SagaRegistry:
                 )
         for reply in replies:
             self._reply_types[message_type_of(reply)] = reply
+        for other in versions.values():
+            newer, older = (saga, other) if saga.version > other.version else (other, saga)
+            newer.validate_migration(older)
         versions[saga.version] = saga
         saga.registry = self
         return saga
@@ -115,6 +140,88 @@ class SagaRegistry:
         saga_id: UUID = self.orchestrator.start(conn, definition, data, idempotency_key)
         return saga_id
 
+    def signal(
+        self,
+        conn: psycopg.Connection[Any],
+        saga_id: UUID,
+        event: str,
+        data: BaseModel | dict[str, Any],
+    ) -> UUID:
+        """Deliver ``event`` to a waiting saga, atomically with the caller's transaction.
+
+        Raises :class:`~saga.errors.SignalRejected` (nothing written) for an unknown
+        saga, one not waiting for ``event``, or data its wait step does not accept.
+        """
+        record = signals.check_waiting(self.orchestrator.store.load(conn, saga_id), saga_id, event)
+        step = self.definition(record.name, record.saga_version).step(record.step or "")
+        assert isinstance(step, WaitStep)
+        try:
+            payload = step.payload.model_validate(
+                data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+            )
+        except ValidationError as exc:
+            raise SignalRejected(f"invalid {event!r} data for saga {saga_id}: {exc}") from None
+        return signals.queue_signal(
+            conn, self.outbox, record, event, payload.model_dump(mode="json")
+        )
+
+    def check_versions(self, conn: psycopg.Connection[Any]) -> None:
+        """Refuse to run without the definitions that unfinished sagas still need."""
+        problems = []
+        for name, versions in self._sagas.items():
+            for version, count in self.orchestrator.store.unfinished_by_version(conn, name).items():
+                if version not in versions:
+                    problems.append(
+                        f"saga {name!r} version {version} has {count} unfinished saga(s) but is "
+                        "not registered; keep that version registered until they finish, or "
+                        "migrate them (saga migrate-instances)"
+                    )
+        if problems:
+            raise ConfigurationError("; ".join(problems))
+
+    def migrate_instances(
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        to_version: int,
+        *,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> MigrationReport:
+        """Move running sagas of older versions to ``to_version`` by its migration rules.
+
+        Each batch is a transaction; each saga moves in one row update whose guard
+        reads its recorded progress, so a saga past the guard step stays where it is.
+        """
+        target = self.definition(name, to_version)
+        if not target.migrations:
+            raise ConfigurationError(
+                f"saga {name!r} v{to_version} declares no migrate_from(...) rule"
+            )
+        store = self.orchestrator.store
+        moved: dict[int, int] = {}
+        stayed: dict[int, int] = {}
+        for rule in target.migrations:
+            with conn.transaction():
+                would_move, would_stay = store.migration_plan(
+                    conn, name, rule.from_version, rule.unless_passed
+                )
+            stayed[rule.from_version] = would_stay
+            moved[rule.from_version] = would_move if dry_run else 0
+            while not dry_run:
+                with conn.transaction():
+                    batch = store.migrate_batch(
+                        conn, name, rule.from_version, to_version, rule.unless_passed, batch_size
+                    )
+                    store.log(conn, _migrated_entries(batch, rule.from_version, to_version))
+                moved[rule.from_version] += len(batch)
+                if on_progress:
+                    on_progress(len(batch))
+                if len(batch) < batch_size:
+                    break
+        return MigrationReport(moved, stayed)
+
     def cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
         """Ask a running saga to compensate from where it is (in the caller's transaction)."""
         self.orchestrator.cancel(conn, saga_id, reason)
@@ -125,13 +232,16 @@ class SagaRegistry:
         """The orchestrator as a service: ``saga consume module:registry`` runs this."""
         if self._service is None:
             service = Service(self.service_name, retry=self.retry)
+            internal: dict[type[BaseModel], Handler] = {
+                StepTimer: self._on_timer,
+                ResumeSaga: self._on_resume,
+                Signal: self._on_signal,
+                WaitTimeout: self._on_wait_timeout,
+                StepDeadline: self._on_deadline,
+            }
             for message_class in self._reply_types.values():
-                if message_class is StepTimer:
-                    service.add_handler(StepTimer, self._on_timer)
-                elif message_class is ResumeSaga:
-                    service.add_handler(ResumeSaga, self._on_resume)
-                else:
-                    service.add_handler(message_class, self._on_reply)
+                service.add_handler(message_class, internal.get(message_class, self._on_reply))
+            service.on_connect(self.check_versions)
             self._service = service
         return self._service
 
@@ -145,3 +255,29 @@ class SagaRegistry:
         self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext
     ) -> None:
         self.orchestrator.on_resume(tx, request, ctx.metrics)
+
+    def _on_signal(self, tx: psycopg.Connection[Any], signal: Signal, ctx: HandlerContext) -> None:
+        self.orchestrator.on_signal(tx, signal, ctx.metrics)
+
+    def _on_wait_timeout(
+        self, tx: psycopg.Connection[Any], timeout: WaitTimeout, ctx: HandlerContext
+    ) -> None:
+        self.orchestrator.on_wait_timeout(tx, timeout, ctx.envelope, ctx.metrics)
+
+    def _on_deadline(
+        self, tx: psycopg.Connection[Any], deadline: StepDeadline, ctx: HandlerContext
+    ) -> None:
+        self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics)
+
+
+def _migrated_entries(
+    rows: list[tuple[UUID, str | None, int]], from_version: int, to_version: int
+) -> list[StepLogEntry]:
+    moment = datetime.now(UTC)
+    note = f"moved from version {from_version} to {to_version}"
+    return [
+        StepLogEntry(
+            saga_id, step or "(start)", Phase.FORWARD, attempt, "migrated", moment, moment, note
+        )
+        for saga_id, step, attempt in rows
+    ]

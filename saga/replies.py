@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -47,3 +47,33 @@ class ResumeSaga(BaseModel):
 
     saga_id: UUID
     reason: str = "operator"
+
+
+class Signal(BaseModel):
+    """An external event for a waiting saga (``saga signal`` or ``registry.signal``)."""
+
+    message_type: ClassVar[str] = "saga.Signal"
+
+    saga_id: UUID
+    event: str
+    data: dict[str, Any]
+
+
+class WaitTimeout(BaseModel):
+    """Fires when a wait step's timeout passes (a scheduled message)."""
+
+    message_type: ClassVar[str] = "saga.WaitTimeout"
+
+    saga_id: UUID
+    step: str
+
+
+class StepDeadline(BaseModel):
+    """Fires when a remote step's deadline passes without its reply."""
+
+    message_type: ClassVar[str] = "saga.StepDeadline"
+
+    saga_id: UUID
+    step: str
+    awaited: UUID
+    attempt: int

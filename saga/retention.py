@@ -3,7 +3,8 @@
 - inbox rows older than the deduplication window,
 - finished sagas (completed or compensated) and their step logs,
 - dead letters already replayed or purged,
-- replay history.
+- replay history,
+- claim checks past their expiry.
 
 Each batch is its own short transaction, so pruning never holds locks that
 relays and consumers wait on for long. Sagas that need an operator, pending
@@ -55,6 +56,12 @@ DELETE FROM {schema}.dead_letter_replays WHERE id IN (
 )
 """
 
+_CLAIMS = """
+DELETE FROM {schema}.claim_checks WHERE id IN (
+    SELECT id FROM {schema}.claim_checks WHERE expires_at < now() - %s::interval LIMIT %s
+)
+"""
+
 _COUNTS = {
     "inbox": "SELECT count(*) FROM {schema}.inbox WHERE received_at < now() - %s::interval",
     "sagas": "SELECT count(*) FROM {schema}.saga_instances WHERE status IN "
@@ -64,6 +71,8 @@ _COUNTS = {
     "< now() - %s::interval",
     "replays": "SELECT count(*) FROM {schema}.dead_letter_replays "
     "WHERE replayed_at < now() - %s::interval",
+    "claim_checks": "SELECT count(*) FROM {schema}.claim_checks "
+    "WHERE expires_at < now() - %s::interval",
 }
 
 
@@ -112,6 +121,7 @@ class Pruner:
             ("sagas", render(_SAGAS, schema), p.saga_retention),
             ("dead_letters", render(_DEAD_LETTERS, schema), p.dead_letter_retention),
             ("replays", render(_REPLAYS, schema), p.saga_retention),
+            ("claim_checks", render(_CLAIMS, schema), timedelta(0)),
         ]
         self._counts = {
             k: (render(q, schema), age)

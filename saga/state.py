@@ -62,6 +62,9 @@ class SagaRecord:
     updated_at: datetime | None = None
     step_started_at: datetime | None = None
     finished_at: datetime | None = None
+    waiting_for: str | None = None
+    wait_schema: dict[str, Any] | None = None
+    wait_deadline: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ from saga.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
 
 _COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
-    version, started_at, updated_at, step_started_at, finished_at"""
+    version, started_at, updated_at, step_started_at, finished_at, waiting_for, wait_schema,
+    wait_deadline"""
 
 _INSERT = """
 INSERT INTO {schema}.saga_instances
@@ -32,7 +33,7 @@ _UPDATE = """
 UPDATE {schema}.saga_instances SET
     status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
     step_attempt = %s, cancel_requested = %s, pivot_reached = %s, last_error = %s,
-    step_started_at = %s,
+    step_started_at = %s, waiting_for = %s, wait_schema = %s, wait_deadline = %s,
     finished_at = CASE WHEN %s THEN now() ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
@@ -48,6 +49,40 @@ _REQUEST_CANCEL = """
 UPDATE {schema}.saga_instances
 SET cancel_requested = true, last_error = %s, updated_at = now(), version = version + 1
 WHERE id = %s AND status = 'running' AND NOT pivot_reached
+"""
+
+_UNFINISHED_BY_VERSION = """
+SELECT saga_version, count(*) FROM {schema}.saga_instances
+WHERE name = %s AND finished_at IS NULL GROUP BY 1 ORDER BY 1
+"""
+
+_VERSIONS = """
+SELECT name, saga_version,
+       count(*) FILTER (WHERE status IN ('running', 'compensating') AND waiting_for IS NULL),
+       count(*) FILTER (WHERE waiting_for IS NOT NULL),
+       count(*) FILTER (WHERE status IN ('compensation_failed', 'forward_failed')),
+       count(*) FILTER (WHERE status IN ('completed', 'compensated'))
+FROM {schema}.saga_instances GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+_MIGRATION_PLAN = """
+SELECT %(guard)s = ANY(completed_steps), count(*) FROM {schema}.saga_instances
+WHERE name = %(name)s AND saga_version = %(from)s AND status = 'running'
+GROUP BY 1
+"""
+
+_MIGRATE_BATCH = """
+WITH batch AS (
+    SELECT id FROM {schema}.saga_instances
+    WHERE name = %(name)s AND saga_version = %(from)s AND status = 'running'
+      AND NOT (%(guard)s = ANY(completed_steps))
+    ORDER BY id LIMIT %(limit)s
+    FOR UPDATE
+)
+UPDATE {schema}.saga_instances s
+SET saga_version = %(to)s, version = s.version + 1, updated_at = now()
+FROM batch WHERE s.id = batch.id
+RETURNING s.id, s.step, s.step_attempt
 """
 
 _TIMELINE = """
@@ -83,6 +118,10 @@ class SagaStore:
         self._log = render(_LOG, schema)
         self._timeline = render(_TIMELINE, schema)
         self._request_cancel = render(_REQUEST_CANCEL, schema)
+        self._unfinished_by_version = render(_UNFINISHED_BY_VERSION, schema)
+        self._versions = render(_VERSIONS, schema)
+        self._migration_plan = render(_MIGRATION_PLAN, schema)
+        self._migrate_batch = render(_MIGRATE_BATCH, schema)
         self._list = render(_LIST, schema)
 
     def insert(
@@ -129,6 +168,9 @@ class SagaStore:
             updated_at=row[16],
             step_started_at=row[17],
             finished_at=row[18],
+            waiting_for=row[19],
+            wait_schema=row[20],
+            wait_deadline=row[21],
         )
 
     def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
@@ -146,6 +188,9 @@ class SagaStore:
                 record.pivot_reached,
                 record.last_error,
                 record.step_started_at,
+                record.waiting_for,
+                Jsonb(record.wait_schema) if record.wait_schema is not None else None,
+                record.wait_deadline,
                 record.status.finished or record.status.needs_operator,
                 record.id,
                 record.version,
@@ -160,6 +205,37 @@ class SagaStore:
         """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""
         cur = conn.execute(self._request_cancel, (f"cancelled: {reason}", saga_id))
         return cur.rowcount == 1
+
+    def unfinished_by_version(self, conn: psycopg.Connection[Any], name: str) -> dict[int, int]:
+        return dict(conn.execute(self._unfinished_by_version, (name,)).fetchall())
+
+    def versions(self, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+        """(name, version, running, waiting, needing an operator, finished) per version."""
+        return conn.execute(self._versions).fetchall()
+
+    def migration_plan(
+        self, conn: psycopg.Connection[Any], name: str, from_version: int, guard: str
+    ) -> tuple[int, int]:
+        """(would move, would stay) among running sagas of ``from_version``."""
+        rows = dict(
+            conn.execute(
+                self._migration_plan, {"name": name, "from": from_version, "guard": guard}
+            ).fetchall()
+        )
+        return int(rows.get(False, 0)), int(rows.get(True, 0))
+
+    def migrate_batch(
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        from_version: int,
+        to_version: int,
+        guard: str,
+        limit: int,
+    ) -> list[tuple[UUID, str | None, int]]:
+        """Move up to ``limit`` sagas that have not passed ``guard``; each row atomically."""
+        params = {"name": name, "from": from_version, "to": to_version, "guard": guard}
+        return conn.execute(self._migrate_batch, {**params, "limit": limit}).fetchall()
 
     def log(self, conn: psycopg.Connection[Any], entries: Sequence[StepLogEntry]) -> None:
         if not entries:

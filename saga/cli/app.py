@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from saga.cli import db, demo, dlq, operations, run, sagas
+from saga.cli import db, demo, dlq, longrunning, operations, run, sagas
 from saga.cli.common import err_console
 from saga.errors import ConfigurationError, SagaError
 
@@ -26,6 +26,9 @@ app.command("show")(sagas.show_saga)
 app.command("cancel")(sagas.cancel_saga)
 app.command("stats")(operations.stats)
 app.command("resume")(operations.resume)
+app.command("signal")(longrunning.signal)
+app.command("versions")(longrunning.versions)
+app.command("migrate-instances")(longrunning.migrate_instances)
 app.command("demo")(demo.demo)
 
 

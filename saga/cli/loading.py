@@ -8,14 +8,11 @@ import sys
 
 from consumers.service import Service
 from saga.errors import ConfigurationError
+from saga.registry import SagaRegistry
 
 
-def load_service(target: str) -> Service:
-    """Import ``module:attribute`` and return it as a :class:`Service`.
-
-    An object with an ``as_service()`` method (a saga registry) is accepted
-    too. The current directory is importable, as with ``python -m``.
-    """
+def load_object(target: str) -> object:
+    """Import ``module:attribute`` (the current directory is importable)."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"expected module:object, got {target!r} (e.g. myapp.service:svc)")
@@ -26,9 +23,26 @@ def load_service(target: str) -> Service:
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from exc
     try:
-        obj = getattr(module, attribute)
+        return getattr(module, attribute)
     except AttributeError:
         raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}") from None
+
+
+def load_registry(target: str) -> SagaRegistry:
+    """Import ``module:registry`` and check that it is a :class:`SagaRegistry`."""
+    obj = load_object(target)
+    if not isinstance(obj, SagaRegistry):
+        raise ConfigurationError(f"{target} is a {type(obj).__name__}, not a saga.SagaRegistry")
+    return obj
+
+
+def load_service(target: str) -> Service:
+    """Import ``module:attribute`` and return it as a :class:`Service`.
+
+    An object with an ``as_service()`` method (a saga registry) is accepted
+    too. The current directory is importable, as with ``python -m``.
+    """
+    obj = load_object(target)
     if isinstance(obj, Service):
         return obj
     as_service = getattr(obj, "as_service", None)

@@ -188,7 +188,10 @@ def test_registry_service_handles_every_reply_type() -> None:
         "saga.Ack",
         "saga.FailureReply",
         "saga.ResumeSaga",
+        "saga.Signal",
+        "saga.StepDeadline",
         "saga.StepTimer",
+        "saga.WaitTimeout",
     ]
     late = _saga("late")
     late.local("a")(_noop)

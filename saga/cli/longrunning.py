@@ -1,0 +1,116 @@
+"""``saga signal``, ``saga versions`` and ``saga migrate-instances``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+from uuid import UUID
+
+import jsonschema
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.loading import load_registry
+from saga.errors import SignalRejected
+from saga.outbox import Outbox
+from saga.signals import check_waiting, queue_signal
+from saga.store import SagaStore
+
+RegistryOption = Annotated[
+    str,
+    typer.Option(
+        "--registry",
+        help="The saga registry, as module:object (its definitions). Env: SAGA_REGISTRY.",
+        envvar="SAGA_REGISTRY",
+    ),
+]
+
+
+def signal(
+    saga_id: Annotated[UUID, typer.Argument(help="The waiting saga's id.")],
+    event: Annotated[str, typer.Argument(help="The event it waits for, e.g. approval.")],
+    data: Annotated[str, typer.Option(help="The event's data as a JSON object.")] = "{}",
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Deliver an external event to a saga waiting for it (checked before it is sent)."""
+    try:
+        payload: Any = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise SignalRejected(f"--data is not JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise SignalRejected("--data must be a JSON object")
+    settings = settings_from(database_url=database_url, schema=schema)
+    with connect(settings) as conn, conn.transaction():
+        record = check_waiting(SagaStore(settings.db_schema).load(conn, saga_id), saga_id, event)
+        try:
+            jsonschema.validate(payload, record.wait_schema or {})
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "data"
+            raise SignalRejected(f"invalid {event!r} data: {where}: {exc.message}") from None
+        queue_signal(conn, Outbox(settings.db_schema), record, event, payload)
+    console.print(f"[green]{event} sent to saga {saga_id} (step {record.step})[/green]")
+
+
+def versions(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Per saga name and version: how many are running, waiting, stopped and finished."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    with connect(settings) as conn:
+        rows = SagaStore(settings.db_schema).versions(conn)
+    keys = ("name", "version", "running", "waiting", "needs_operator", "finished")
+    if as_json:
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
+        return
+    table = Table(title="saga versions")
+    for key in keys:
+        table.add_column(key.replace("_", " "), justify="left" if key == "name" else "right")
+    for row in rows:
+        table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row))
+    console.print(table)
+
+
+def migrate_instances(
+    name: Annotated[str, typer.Argument(help="The saga name.")],
+    to: Annotated[int, typer.Option("--to", help="The version to move running sagas to.")],
+    registry: RegistryOption,
+    dry_run: Annotated[bool, typer.Option(help="Count who would move and who stays.")] = False,
+    batch_size: Annotated[int, typer.Option(help="Sagas moved per transaction.")] = 500,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Move running sagas of older versions to a newer one, by its migrate_from rules."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    target = load_registry(registry)
+    with connect(settings) as conn:
+        plan = target.migrate_instances(conn, name, to, dry_run=True)
+        total = sum(plan.moved.values())
+        if dry_run:
+            for version in sorted(plan.moved):
+                console.print(
+                    f"v{version} -> v{to}: {plan.moved[version]:,} would move, "
+                    f"{plan.stayed[version]:,} stay (already past the guard step)"
+                )
+            console.print("dry run: nothing changed")
+            return
+        with Progress(
+            TextColumn("migrating"), BarColumn(), MofNCompleteColumn(), console=console
+        ) as progress:
+            task = progress.add_task("migrate", total=total)
+            report = target.migrate_instances(
+                conn,
+                name,
+                to,
+                batch_size=batch_size,
+                on_progress=lambda n: progress.advance(task, n),
+            )
+    for version in sorted(report.moved):
+        console.print(
+            f"v{version} -> v{to}: moved {report.moved[version]:,}, "
+            f"{report.stayed[version]:,} stay (already past the guard step)"
+        )
