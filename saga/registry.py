@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from consumers.context import HandlerContext
 from consumers.retry import RetryPolicy
 from consumers.service import Handler, Service
 from saga import signals
@@ -36,6 +35,9 @@ from saga.replies import (
     WaitTimeout,
 )
 from saga.state import Phase, StepLogEntry
+
+if TYPE_CHECKING:
+    from consumers.context import HandlerContext
 
 _INTERNAL: tuple[type[BaseModel], ...] = (StepTimer, ResumeSaga, Signal, WaitTimeout, StepDeadline)
 
