@@ -29,6 +29,7 @@ unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,demo,bench]'
 	$(BIN)/python -m bench.run
 
 clean:

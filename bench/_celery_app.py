@@ -1,7 +1,8 @@
 """The Celery app that ``bench.peer_celery`` starts a worker for: one task, one step's writes.
 
-Configured from the environment so the worker subprocess and the submitting process agree:
-``SAGA_BENCH_CELERY_BROKER``, ``SAGA_BENCH_CELERY_QUEUE`` and ``SAGA_BENCH_CELERY_DATABASE``.
+The worker (``celery -A bench._celery_app``) is configured from the environment:
+``SAGA_BENCH_CELERY_BROKER``, ``SAGA_BENCH_CELERY_QUEUE`` and ``SAGA_BENCH_CELERY_DATABASE``;
+the submitting process builds its own app for the same queue with ``make_app``.
 """
 
 from __future__ import annotations
@@ -15,13 +16,25 @@ from celery import Celery
 
 from bench.workload import ACCOUNTS, LOG, UPDATE
 
-app = Celery("saga_bench")
-app.conf.update(
-    broker_url=os.environ.get("SAGA_BENCH_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
-    task_default_queue=os.environ.get("SAGA_BENCH_CELERY_QUEUE", "saga_bench_celery"),
-    task_ignore_result=True,
-    worker_enable_remote_control=False,
-    broker_connection_retry_on_startup=True,
+TASK = "saga_bench.step"
+
+
+def make_app(broker: str, queue: str) -> Celery:
+    """A Celery app sending to and consuming from ``queue`` only, without a result backend."""
+    app = Celery("saga_bench")
+    app.conf.update(
+        broker_url=broker,
+        task_default_queue=queue,
+        task_ignore_result=True,
+        worker_enable_remote_control=False,
+        broker_connection_retry_on_startup=True,
+    )
+    return app
+
+
+app = make_app(
+    os.environ.get("SAGA_BENCH_CELERY_BROKER", "amqp://guest:guest@127.0.0.1:5672//"),
+    os.environ.get("SAGA_BENCH_CELERY_QUEUE", "saga_bench_celery"),
 )
 
 _local = threading.local()
@@ -36,7 +49,7 @@ def _connection() -> psycopg.Connection:
     return conn
 
 
-@app.task(name="saga_bench.step")
+@app.task(name=TASK)
 def step(run: int, number: int) -> None:
     """One transaction: update a random business row and log the step."""
     conn = _connection()

@@ -45,7 +45,7 @@ def _tps(url: str, script: Path, clients: int, seconds: int) -> float:
 
 
 def step_tps(
-    clients: tuple[int, ...] = (1, 2, 4, 8, 16), seconds: int = 4
+    clients: tuple[int, ...] = (1, 2, 4, 8, 16, 32), seconds: int = 4
 ) -> tuple[float, int, dict[int, float]]:
     """Best step transactions per second, its client count, and every count's figure."""
     if not Path(PGBENCH).exists():

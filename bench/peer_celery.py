@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from subprocess import Popen, TimeoutExpired
+from typing import Any
 
 import psycopg
 
@@ -28,29 +29,47 @@ from bench.environment import AMQP_URL, ScratchDatabase
 from bench.workload import create_tables
 
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = (("prefork", 2), ("prefork", 4), ("threads", 8))
+SETTINGS = (("prefork", 2), ("threads", 8), ("threads", 16))  # (pool, concurrency)
 
 
-def _app(queue: str, database: str):  # type: ignore[no-untyped-def]
-    os.environ["SAGA_BENCH_CELERY_BROKER"] = AMQP_URL
-    os.environ["SAGA_BENCH_CELERY_QUEUE"] = queue
-    os.environ["SAGA_BENCH_CELERY_DATABASE"] = database
+def _app(queue: str) -> tuple[Any, Any, str]:
+    """A Celery app submitting to ``queue``, Celery's ``chain`` and the task's name."""
     try:
-        import celery
-    except ImportError as exc:
-        raise RuntimeError("celery is not installed (pip install -e '.[bench]')") from exc
-    from bench import _celery_app
+        from celery import chain
 
-    _celery_app.app.conf.task_default_queue = queue
-    return celery, _celery_app
+        from bench._celery_app import TASK, make_app
+    except ImportError as exc:
+        raise RuntimeError(f"celery is not usable ({exc}); pip install -e '.[bench]'") from exc
+    return make_app(AMQP_URL, queue), chain, TASK
+
+
+def _start_worker(pool: str, concurrency: int, queue: str, db: str, log: Path) -> Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SAGA_BENCH_CELERY_BROKER": AMQP_URL}
+    env |= {"SAGA_BENCH_CELERY_QUEUE": queue, "SAGA_BENCH_CELERY_DATABASE": db}
+    command = [sys.executable, "-m", "celery", "-A", "bench._celery_app", "worker", "-Q", queue]
+    command += ["--pool", pool, "--concurrency", str(concurrency), "--loglevel", "WARNING"]
+    command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    with log.open("wb") as out:
+        return Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True)
+
+
+def _stop_worker(worker: Popen[bytes]) -> None:
+    """Warm shutdown (SIGTERM); the worker's process group is killed if it takes over 30 s."""
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(timeout=30)
+    except TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
 
 
 def _wait(url: str, runs: int, since: int, deadline: float, log: Path) -> float:
     """Poll until ``runs`` runs numbered ``>= since`` finished step 3; their last commit time."""
-    query = "SELECT count(*), extract(epoch FROM max(done_at)) FROM step_log WHERE step = 3"
+    query = "SELECT count(*), extract(epoch FROM max(done_at)) FROM step_log"
+    query += " WHERE step = 3 AND run >= %s"
     with psycopg.connect(url, autocommit=True) as conn:
         while True:
-            row = conn.execute(query + " AND run >= %s", (since,)).fetchone()
+            row = conn.execute(query, (since,)).fetchone()
             assert row is not None
             if row[0] >= runs:
                 return float(row[1])
@@ -63,44 +82,30 @@ def _wait(url: str, runs: int, since: int, deadline: float, log: Path) -> float:
 def chains_per_s(count: int = 2_000, pool: str = "prefork", concurrency: int = 2) -> float:
     """Three-task chains completed per second by one Celery worker (``pool``, ``concurrency``)."""
     queue = f"saga_bench_celery_{uuid.uuid4().hex[:8]}"
+    app, chain, task = _app(queue)
+
+    def submit(run: int) -> None:
+        chain(*(app.signature(task, (run, n), immutable=True) for n in (1, 2, 3))).apply_async()
+
     db = ScratchDatabase.create("saga_bench_celery", framework=False)
-    worker: subprocess.Popen[bytes] | None = None
+    worker: Popen[bytes] | None = None
     try:
         create_tables(db.url)
-        celery, tasks = _app(queue, db.url)
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        command = [sys.executable, "-m", "celery", "-A", "bench._celery_app", "worker"]
-        command += ["--pool", pool, "--concurrency", str(concurrency), "-Q", queue]
-        command += ["--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
-        command += ["--without-heartbeat"]
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "worker.log"
-            with log.open("wb") as out:
-                worker = subprocess.Popen(
-                    command, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True
-                )
-
-            def submit(run: int) -> None:
-                steps = (tasks.step.si(run, n) for n in (1, 2, 3))
-                celery.chain(*steps).apply_async()
-
-            warm = 2 * concurrency
+            worker = _start_worker(pool, concurrency, queue, db.url, log)
+            warm = 2 * concurrency  # negative run numbers, not counted
             for run in range(-warm, 0):
                 submit(run)
             _wait(db.url, warm, -warm, time.monotonic() + 60, log)
-
             started = time.time()
             for run in range(count):
                 submit(run)
             last = _wait(db.url, count, 0, time.monotonic() + 300, log)
     finally:
         if worker is not None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait()
+            _stop_worker(worker)
+        app.close()
         db.drop()
         _delete_queue(queue)
     return count / (last - started)

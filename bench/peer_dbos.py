@@ -1,16 +1,17 @@
 """Peer: DBOS Transact workflows of three transactional steps, each step one step's writes.
 
-DBOS checkpoints workflows in PostgreSQL instead of passing messages. Its 3.x releases have no
+DBOS checkpoints workflows in PostgreSQL instead of passing messages. DBOS 3.4 has no
 ``@DBOS.transaction()``; a transactional step is ``@datasource.transaction()`` on a
 ``SQLAlchemyDatasource`` over the application database, which records the step's output in
 the same transaction. Each step updates a random ``accounts`` row and inserts a ``step_log``
 row, at READ COMMITTED like the other measurements (DBOS's default is SERIALIZABLE).
 
-A subprocess (DBOS keeps global state) launches DBOS with its system database and the
-application database as two scratch databases on the local server, runs one warm-up
-workflow, then calls the workflow ``count`` times from a pool of ``threads`` threads. The
-figure is workflows per second from the first call to the last return; the parent checks
-that ``count`` third steps were committed, and drops both databases.
+DBOS keeps global state, so it runs in subprocesses: ``processes`` of them (each its own
+executor) share a system database and the application database, two scratch databases on the
+local server. Each launches DBOS, runs one warm-up workflow and reports ready; on a common go
+signal each calls its share of ``count`` workflows from a pool of ``threads`` threads. The
+figure is workflows per second from the go signal to the last return in any process; the
+parent checks that ``count`` third steps were committed, and drops both databases.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 from bench.environment import ScratchDatabase
 from bench.workload import create_tables, finished
@@ -76,17 +79,50 @@ def _child(system_url: str, app_url: str, runs: range, threads: int) -> None:
         DBOS.destroy()
 
 
-def _start(system: str, app: str, runs: range, threads: int) -> subprocess.Popen[str]:
+def _start(system: str, app: str, runs: range, threads: int, log: IO[str]) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "bench.peer_dbos", system, app]
     command += [str(runs.start), str(runs.stop), str(threads)]
-    child = subprocess.Popen(
-        command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    pipe = subprocess.PIPE
+    child = subprocess.Popen(command, cwd=ROOT, stdin=pipe, stdout=pipe, stderr=log, text=True)
     assert child.stdout is not None
     if child.stdout.readline().strip() != "ready":
         child.kill()
-        raise RuntimeError(f"DBOS did not start (exit code {child.wait()})")
+        raise RuntimeError(f"DBOS did not start (exit code {child.wait()}): {_tail(log)}")
     return child
+
+
+def _tail(log: IO[str]) -> str:
+    log.seek(0)
+    return log.read()[-2000:]
+
+
+def _measure(
+    system: str, app: str, count: int, threads: int, processes: int, log: IO[str]
+) -> float:
+    """Seconds from the go signal to the last workflow's return, over all processes."""
+    children: list[subprocess.Popen[str]] = []
+    try:
+        # Started one at a time, so that only the first creates DBOS's tables.
+        for i in range(processes):
+            runs = range(i * count // processes, (i + 1) * count // processes)
+            children.append(_start(system, app, runs, threads, log))
+        started = time.time()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        ends: list[float] = []
+        for child in children:
+            out, _ = child.communicate(timeout=300)
+            if child.returncode != 0:
+                raise RuntimeError(f"DBOS exited with code {child.returncode}: {_tail(log)}")
+            ends.append(float(json.loads(out.strip().splitlines()[-1])["finished_at"]))
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    return max(ends) - started
 
 
 def workflows_per_s(count: int = 1_000, threads: int = 4, processes: int = 1) -> float:
@@ -98,35 +134,17 @@ def workflows_per_s(count: int = 1_000, threads: int = 4, processes: int = 1) ->
         raise RuntimeError("dbos is not installed (pip install -e '.[bench]')") from exc
     system = ScratchDatabase.create("saga_bench_dbos_sys", framework=False)
     app = ScratchDatabase.create("saga_bench_dbos_app", framework=False)
-    children: list[subprocess.Popen[str]] = []
     try:
         create_tables(app.url)
-        # One at a time, so that only one of them creates DBOS's tables.
-        for i in range(processes):
-            runs = range(i * count // processes, (i + 1) * count // processes)
-            children.append(_start(system.url, app.url, runs, threads))
-        started = time.time()
-        for child in children:
-            assert child.stdin is not None
-            child.stdin.write("go\n")
-            child.stdin.flush()
-        ends = []
-        for child in children:
-            out, _ = child.communicate(timeout=300)
-            if child.returncode != 0:
-                raise RuntimeError(f"a DBOS process exited with code {child.returncode}")
-            ends.append(json.loads(out.strip().splitlines()[-1])["finished_at"])
-        committed = finished(app.url, 3) - processes  # less the warm-up workflows
+        with tempfile.TemporaryFile("w+") as log:
+            elapsed = _measure(system.url, app.url, count, threads, processes, log)
+        committed = finished(app.url, 3) - processes  # less one warm-up workflow each
         if committed != count:
             raise RuntimeError(f"DBOS committed {committed} of {count} third steps")
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
         app.drop()
         system.drop()
-    return count / (max(ends) - started)
+    return count / elapsed
 
 
 def best(count: int = 1_000) -> tuple[float, tuple[int, int], str, dict[str, float]]:

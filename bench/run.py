@@ -1,21 +1,112 @@
-"""``make bench``: every measurement in one run, on the same servers, side by side."""
+"""``make bench``: every measurement in one run, on the same servers, side by side.
+
+The relay against raw broker publishing; pgbench running one saga step's transaction (the
+ceiling for steps); Celery chains and DBOS workflows doing the same writes (the peers). A peer
+or the ceiling that cannot run here is reported as not measured, with the reason.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
-from bench import broker_baseline, relay_throughput, report
+from bench import broker_baseline, ceiling, peer_celery, peer_dbos, relay_throughput, report
 from bench.environment import machine
 
 console = Console()
+
+Row = tuple[str, str, str]
+Figures = dict[str, float]
+
+
+def _attempt(label: str, measure: Callable[[], Any]) -> tuple[Any, str]:
+    """Run one optional measurement: (its result, "") or (None, why it failed)."""
+    try:
+        with console.status(label):
+            return measure(), ""
+    except Exception as exc:
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split()).replace("|", "/")
+        console.print(f"[red]{label} failed:[/red] {escape(reason)}")
+        return None, reason[:300]
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _sweep(figures: dict[Any, float]) -> str:
+    return ", ".join(f"{k}: {v:,.0f}" for k, v in figures.items())
+
+
+def _steps(rate: float, figures: Figures) -> str:
+    """Three steps per chain or workflow, as a share of the pgbench ceiling when there is one."""
+    steps = f"{3 * rate:,.0f} steps/s"
+    ceiling_tps = figures.get("ceiling_step_tps")
+    return f"{steps}, {3 * rate / ceiling_tps:.0%} of the ceiling" if ceiling_tps else steps
+
+
+def _ceiling(args: argparse.Namespace, figures: Figures) -> Row:
+    name = "pgbench, one step's transaction (inbox + business update + outbox)"
+    top, failed = _attempt(
+        "pgbench: one saga step's transaction", lambda: ceiling.step_tps(seconds=args.seconds)
+    )
+    if top is None:
+        return name, "not measured", failed
+    tps, clients, sweep = top
+    figures |= {"ceiling_step_tps": round(tps), "ceiling_clients": clients}
+    return name, f"{tps:,.0f} tx/s", f"ceiling for saga steps; tx/s by clients: {_sweep(sweep)}"
+
+
+def _celery(args: argparse.Namespace, figures: Figures) -> Row:
+    name = f"Celery {_version('celery')}, chains of 3 tasks"
+    top, failed = _attempt(
+        f"Celery: {args.chains} chains of 3 tasks, per worker setting",
+        lambda: peer_celery.best(args.chains),
+    )
+    if top is None:
+        return name, "not measured", failed
+    rate, pool, concurrency, sweep = top
+    figures |= {"celery_chains_per_s": round(rate), "celery_concurrency": concurrency}
+    return (
+        f"{name}, {pool} pool x{concurrency}",
+        f"{rate:,.0f} chains/s",
+        f"{_steps(rate, figures)}; no outbox, no dedup; chains/s by pool: {_sweep(sweep)}",
+    )
+
+
+def _dbos(args: argparse.Namespace, figures: Figures) -> Row:
+    name = f"DBOS {_version('dbos')}, workflows of 3 transactions"
+    top, failed = _attempt(
+        f"DBOS: {args.workflows} workflows of 3 transactions, per setting",
+        lambda: peer_dbos.best(args.workflows),
+    )
+    if top is None:
+        return name, "not measured", failed
+    rate, (processes, threads), _, sweep = top
+    figures |= {"dbos_workflows_per_s": round(rate), "dbos_processes": processes}
+    figures["dbos_threads"] = threads
+    return (
+        f"{name}, {processes} process(es) x{threads} threads",
+        f"{rate:,.0f} workflows/s",
+        f"{_steps(rate, figures)}; workflows/s by processes x threads: {_sweep(sweep)}",
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=50_000, help="messages per measurement")
     parser.add_argument("--batch-size", type=int, default=500, help="relay batch size")
+    parser.add_argument("--chains", type=int, default=2_000, help="Celery chains per setting")
+    parser.add_argument("--workflows", type=int, default=1_000, help="DBOS workflows per setting")
+    parser.add_argument("--seconds", type=int, default=4, help="pgbench run per client count")
     args = parser.parse_args()
 
     with console.status("raw broker publishes (per-message confirms)"):
@@ -27,7 +118,7 @@ def main() -> None:
     with console.status(f"relay draining {args.messages} outbox rows"):
         relay = relay_throughput.relay_rate(args.messages, args.batch_size)
 
-    figures = {
+    figures: Figures = {
         "relay_msgs_per_s": round(relay),
         "relay_batch_size": args.batch_size,
         "broker_publish_tx_msgs_per_s": round(tx),
@@ -53,8 +144,9 @@ def main() -> None:
         ),
         ("raw kombu publish, no confirms", f"{none:,.0f} msg/s", "not durable"),
     ]
+    rows += [_ceiling(args, figures), _celery(args, figures), _dbos(args, figures)]
     path = report.write(figures, rows, machine())
-    console.print(path.read_text())
+    console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
 
 
 if __name__ == "__main__":
