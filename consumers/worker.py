@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -162,13 +163,15 @@ class Worker:
     def _loop(self, stop: threading.Event) -> None:
         conn = self._broker_conn
         assert conn is not None
+        last_heartbeat = time.monotonic()
         while not stop.is_set():
+            if self.broker.is_amqp and time.monotonic() - last_heartbeat >= 1.0:
+                conn.heartbeat_check()
+                last_heartbeat = time.monotonic()
             if not self._buffer:
                 try:
                     conn.drain_events(timeout=self.options.poll_timeout)
                 except TimeoutError:
-                    if self.broker.is_amqp:
-                        conn.heartbeat_check()
                     continue
             self._take_waiting(conn)
             batch = self._buffer[: self.options.prefetch]

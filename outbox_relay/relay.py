@@ -9,6 +9,7 @@ batch again: consumers deduplicate by ``message_id``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -208,7 +209,7 @@ class Relay:
     def _loop(self, stop: threading.Event) -> None:
         idle = self.options.idle_poll_min
         last_promote = 0.0
-        last_prune = time.monotonic()
+        last_prune = last_heartbeat = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
             if now - last_promote >= self.options.promote_interval:
@@ -219,6 +220,9 @@ class Relay:
                 self._prune_a_little()
                 last_prune = now
             report = self.relay_batch()
+            if now - last_heartbeat >= 1.0:
+                self._heartbeat()
+                last_heartbeat = now
             if report.claimed:
                 idle = self.options.idle_poll_min
                 continue
@@ -244,8 +248,17 @@ class Relay:
                 return
 
     def _heartbeat(self) -> None:
-        if self._broker_conn is not None and self.broker.is_amqp:
-            self._broker_conn.heartbeat_check()
+        """Read what the broker sent (its heartbeats) and send ours when due.
+
+        A publisher never consumes, so without this read the server's heartbeats
+        pile up unread and the client believes the broker went silent.
+        """
+        conn = self._broker_conn
+        if conn is None or not self.broker.is_amqp:
+            return
+        with contextlib.suppress(TimeoutError):
+            conn.drain_events(timeout=0)
+        conn.heartbeat_check()
 
     def _publish(self, publisher: BatchPublisher, rows: list[OutboxRow]) -> PublishOutcome:
         try:
