@@ -10,7 +10,6 @@ from collections import Counter
 from consumers.processing import Outcome
 from consumers.service import Service
 from consumers.worker import ConsumerOptions, Worker
-from saga.errors import SagaError
 from saga.metrics import Metrics
 from saga.transport import BrokerConfig, Topology
 
@@ -74,8 +73,8 @@ class ServiceRunner:
         return False
 
     @property
-    def failure(self) -> SagaError | None:
-        """The error that stopped a worker for good (bad configuration), if any."""
+    def failure(self) -> Exception | None:
+        """The error that stopped a worker for good (bad configuration, a bug), if any."""
         return next((w.failure for w in self.workers if w.failure is not None), None)
 
     def stop(self, timeout: float | None = None) -> None:

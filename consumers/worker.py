@@ -84,7 +84,7 @@ class Worker:
         self._broker_conn: Connection | None = None
         self._consumer: Consumer | None = None
         self.ready = threading.Event()
-        self.failure: SagaError | None = None
+        self.failure: Exception | None = None
 
     def __repr__(self) -> str:
         return (
@@ -116,6 +116,12 @@ class Worker:
                     extra={"consumer": self.service.name},
                 )
                 stop.wait(0.5)
+            except Exception as exc:
+                # A bug or an unexpected failure: stop the whole service loudly (a supervisor
+                # restarts it) rather than leave a worker silently dead.
+                logger.exception("%s stopped by an unexpected error", self.name)
+                self.failure = exc
+                stop.set()
             finally:
                 self.ready.clear()
                 self._close()

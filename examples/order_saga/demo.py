@@ -76,8 +76,21 @@ def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
                 "",
             )
         )
+        _create_broker_tables(broker_url)
         where.append("broker: kombu's SQLAlchemy transport on the same PostgreSQL")
     yield urls, broker_url, "; ".join(where)
+
+
+def _create_broker_tables(url: str) -> None:
+    """Declare the queues here, so kombu creates its tables once, before eight processes race."""
+    from kombu import Connection
+
+    from saga.transport import Topology
+
+    with Connection(url) as conn:
+        channel = conn.channel()
+        for service in SERVICES:
+            Topology().queue(service)(channel).declare()
 
 
 def _progress() -> Progress:

@@ -122,16 +122,16 @@ def test_signal_racing_the_timeout_is_resolved_exactly_once(
     with db.connect(autocommit=False) as conn, conn.transaction():
         # One transaction: every timeout and signal is timed from the same now().
         ids = [
-            loans.registry_v1.start(conn, "quick_loan", loans.LoanData(loan_id=f"race-{i}"))
+            loans.registry_v1.start(conn, "race_loan", loans.LoanData(loan_id=f"race-{i}"))
             for i in range(200)
         ]
-        for saga_id in ids:  # each approval lands somewhere around the one-second timeout
+        for saga_id in ids:  # each approval lands somewhere around the three-second timeout
             outbox.add(
                 conn,
                 Signal(saga_id=saga_id, event="approval", data={"approver": "racer"}),
                 destination="lending",
                 saga_id=saga_id,
-                deliver_after=timedelta(seconds=rng.uniform(0.4, 1.6)),
+                deliver_after=timedelta(seconds=rng.uniform(1.5, 4.5)),
             )
     wait_until(
         lambda: (

@@ -19,6 +19,7 @@ from saga import Saga, SagaRegistry
 Tx = psycopg.Connection[Any]
 LONG = timedelta(days=5)
 QUICK = timedelta(seconds=1)
+RACE = timedelta(seconds=3)
 FAST = RetryPolicy(immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.05,))
 
 
@@ -93,8 +94,8 @@ def build_loan(version: int) -> Saga[LoanData]:
     return loan
 
 
-def build_quick() -> Saga[LoanData]:
-    quick = Saga("quick_loan", data=LoanData)
+def build_quick(name: str = "quick_loan", timeout: timedelta = QUICK) -> Saga[LoanData]:
+    quick = Saga(name, data=LoanData)
 
     @quick.local("open", compensate="close")
     def open_(tx: Tx, d: LoanData) -> None:
@@ -104,7 +105,7 @@ def build_quick() -> Saga[LoanData]:
     def close(tx: Tx, d: LoanData) -> None:
         _effect(tx, "close", d.loan_id)
 
-    quick.wait("approval", event="approval", payload=Approval, timeout=QUICK, on_event=_approve)
+    quick.wait("approval", event="approval", payload=Approval, timeout=timeout, on_event=_approve)
 
     @quick.local("pay")
     def pay(tx: Tx, d: LoanData) -> None:
@@ -120,7 +121,7 @@ def _registry(*sagas: Saga[Any]) -> SagaRegistry:
     return registry
 
 
-registry_v1 = _registry(build_loan(1), build_quick())
+registry_v1 = _registry(build_loan(1), build_quick(), build_quick("race_loan", RACE))
 registry_v2 = _registry(build_loan(1), build_loan(2), build_quick())
 registry_v2_only = _registry(build_loan(2), build_quick())
 
