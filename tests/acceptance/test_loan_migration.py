@@ -64,7 +64,7 @@ def test_ten_thousand_waiting_loans_migrate_to_version_two(
     relay = SagaProcess(["relay"], env, tmp_path, "relay")
     bureau = SagaProcess(["consume", "tests.support.loans:bureau"], env, tmp_path, "bureau")
     v1 = SagaProcess(["consume", "tests.support.loans:registry_v1"], env, tmp_path, "v1")
-    processes = [relay, bureau]
+    processes = [relay, bureau, v1]
     try:
         # -- park 10,000 version-1 sagas at wait_approval, watching the orchestrator's memory
         warm = start_loans(db, "w", 200)
@@ -107,6 +107,7 @@ def test_ten_thousand_waiting_loans_migrate_to_version_two(
 
         # -- deploy version 2 and migrate
         assert v1.terminate() == 0, v1.output()[-2000:]
+        processes.remove(v1)
         v2 = SagaProcess(["consume", "tests.support.loans:registry_v2"], env, tmp_path, "v2")
         processes.append(v2)
         migrate = ["migrate-instances", "loan", "--to", "2",
