@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -34,6 +34,7 @@ from saga.logcontext import log_context
 from saga.metrics import Metrics
 from saga.outbox import Outbox, OutgoingMessage
 from saga.replies import DEAD_LETTERED, Ack, FailureReply
+from saga.signing import KeyRing, SignatureRejected
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Delivery:
 
     body: bytes
     content_type: str | None
+    headers: Mapping[str, Any] | None = None
 
 
 class BatchProcessor:
@@ -71,9 +73,11 @@ class BatchProcessor:
         outbox: Outbox | None = None,
         max_message_bytes: int | None = None,
         metrics: Metrics | None = None,
+        signing: KeyRing | None = None,
     ) -> None:
         self.service = service
         self.metrics = metrics
+        self.signing = signing
         self.outbox = outbox or Outbox(schema)
         self.inbox = Inbox(schema)
         self.dead_letters = DeadLetterStore(schema)
@@ -112,6 +116,8 @@ class BatchProcessor:
     def _handle(self, conn: psycopg.Connection[Any], delivery: Delivery) -> Outcome:
         started = time.perf_counter()
         try:
+            if self.signing is not None:
+                self._verify(delivery)
             decoded = decode(
                 delivery.body, delivery.content_type, self.service, self.max_message_bytes
             )
@@ -155,6 +161,14 @@ class BatchProcessor:
             retries = int(retrying.statistics.get("attempt_number", 1)) - 1
             if retries and self.metrics is not None:
                 self.metrics.retries.labels(self.service.name, "immediate").inc(retries)
+
+    def _verify(self, delivery: Delivery) -> None:
+        """Check the signature over the exact bytes received, before anything is decoded."""
+        assert self.signing is not None
+        try:
+            self.signing.verify(delivery.body, delivery.headers)
+        except SignatureRejected as bad:
+            raise Rejection(bad.error_type, bad.message) from None
 
     def _count(self, outcome: Outcome, seconds: float) -> None:
         metrics = self.metrics

@@ -8,6 +8,7 @@ a crash in between means redelivery, and the inbox makes it harmless.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from saga.logcontext import log_context
 from saga.metrics import Metrics
 from saga.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
+from saga.signing import KeyRing
 from saga.transport import BrokerConfig, Topology
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ class ConsumerOptions:
     max_message_bytes: int = 256 * 1024
     poll_timeout: float = 0.5
     poison_threshold: int = 5
+    #: Verify signatures (and, if the ring requires it, reject unsigned messages).
+    signing: KeyRing | None = None
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -75,6 +79,7 @@ class Worker:
             schema=self.options.schema,
             max_message_bytes=self.options.max_message_bytes,
             metrics=metrics,
+            signing=self.options.signing,
         )
         self.counts: Counter[Outcome] = Counter()
         self._secret = password_of(database_url)
@@ -215,7 +220,8 @@ class Worker:
     def _single_failed(
         self, db: psycopg.Connection[Any], message: Message, delivery: Delivery, exc: Exception
     ) -> None:
-        key = str(message.properties.get("message_id") or message.delivery_tag)
+        # Count failures per message, not per delivery: a redelivery gets a new tag.
+        key = str(message.properties.get("message_id") or hashlib.sha256(delivery.body).hexdigest())
         self._batch_failures[key] += 1
         if self._batch_failures[key] >= self.options.poison_threshold:
             logger.error("message %s keeps failing its transaction; dead-lettering it", key)
@@ -240,4 +246,4 @@ def _delivery(message: Message) -> Delivery:
     body = message.body
     if isinstance(body, str):
         body = body.encode("utf-8")
-    return Delivery(body=bytes(body), content_type=message.content_type)
+    return Delivery(body=bytes(body), content_type=message.content_type, headers=message.headers)

@@ -21,6 +21,7 @@ from kombu import Connection, Producer
 
 from outbox_relay.store import OutboxRow
 from saga.envelope import CONTENT_ENCODING, CONTENT_TYPE
+from saga.signing import KeyRing
 from saga.transport import Topology
 
 logger = logging.getLogger(__name__)
@@ -44,11 +45,13 @@ class BatchPublisher:
         *,
         declare_queues: bool = True,
         max_message_bytes: int | None = None,
+        signing: KeyRing | None = None,
     ) -> None:
         self.connection = connection
         self.topology = topology
         self.declare_queues = declare_queues
         self.max_message_bytes = max_message_bytes
+        self.signing = signing
         self._is_amqp = connection.transport.driver_type == "amqp"
         self._channel: Any = None
         self._producer: Producer | None = None
@@ -126,7 +129,10 @@ class BatchPublisher:
             delivery_mode=2,
             mandatory=self._is_amqp,
             message_id=str(row.message_id),
-            headers={"message_type": row.message_type},
+            headers={
+                "message_type": row.message_type,
+                **(self.signing.sign(row.body) if self.signing else {}),
+            },
             retry=False,
         )
 

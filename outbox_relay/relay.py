@@ -31,6 +31,7 @@ from saga.outbox import wake_channel
 from saga.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
 from saga.retention import Pruner, RetentionPolicy
+from saga.signing import KeyRing
 from saga.transport import BrokerConfig, Topology
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class RelayOptions:
     #: Seconds between background retention runs (None: never; use ``saga db prune``).
     prune_interval: float | None = None
     retention: RetentionPolicy | None = None
+    #: Sign every message with the ring's newest key (HMAC-SHA256 over the body).
+    signing: KeyRing | None = None
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -135,6 +138,7 @@ class Relay:
             self.topology,
             declare_queues=self.options.declare_queues,
             max_message_bytes=self.options.max_broker_message_bytes,
+            signing=self.options.signing,
         )
 
     def close(self) -> None:

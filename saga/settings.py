@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from saga.errors import ConfigurationError
 from saga.identifiers import validate_schema
-from saga.redact import redact_url
+from saga.redact import password_of, redact_url
+from saga.signing import KeyRing
 
 ENV_DATABASE_URL = "SAGA_DATABASE_URL"
 ENV_BROKER_URL = "SAGA_BROKER_URL"
@@ -29,6 +30,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
     redis_url: str | None = None
+    broker_heartbeat: int = 20
+    signing_keys: SecretStr | None = None
+    require_signature: bool = False
     db_schema: str = Field(
         default="saga", validation_alias=AliasChoices("SAGA_SCHEMA", "db_schema")
     )
@@ -41,6 +45,22 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
             yield name, redact_url(value) if name and name.endswith("_url") and value else value
+
+    def key_ring(self) -> KeyRing | None:
+        """The signing key ring from ``SAGA_SIGNING_KEYS`` / ``SAGA_REQUIRE_SIGNATURE``.
+
+        None when signing is not configured at all (messages are neither signed nor checked).
+        """
+        spec = self.signing_keys.get_secret_value() if self.signing_keys else None
+        ring = KeyRing.parse(spec, require=self.require_signature)
+        return ring if ring.enabled or ring.require else None
+
+    def secrets(self) -> list[str]:
+        """Every secret these settings hold, to scrub from logs."""
+        found = [password_of(self.database_url), password_of(self.broker_url)]
+        if self.signing_keys:
+            found += [p.partition(":")[2] for p in self.signing_keys.get_secret_value().split(",")]
+        return [s for s in found if s]
 
     def require_database_url(self) -> str:
         if not self.database_url:

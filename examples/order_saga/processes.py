@@ -13,15 +13,20 @@ SAGA = str(Path(sys.executable).parent / "saga")
 
 
 class SagaProcess:
-    """One ``saga ...`` subprocess with its output captured to a file."""
+    """One ``saga ...`` subprocess with its output captured to a file.
+
+    ``args`` are the ``saga`` command's arguments, or a whole command line when
+    its first element is an absolute path (another program).
+    """
 
     def __init__(self, args: list[str], env: dict[str, str], log_dir: Path, name: str) -> None:
         self.args = args
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("ab")
+        command = args if args and os.path.isabs(args[0]) else [SAGA, *args]
         self.proc = subprocess.Popen(
-            [SAGA, *args],
+            command,
             cwd=REPO,
             env={**_clean_environ(), **env},
             stdout=self._log,

@@ -56,6 +56,14 @@ QueuePrefixOption = Annotated[
         envvar="SAGA_QUEUE_PREFIX",
     ),
 ]
+HeartbeatOption = Annotated[
+    int | None,
+    typer.Option(
+        "--heartbeat",
+        help="AMQP heartbeat in seconds (default 20). Env: SAGA_BROKER_HEARTBEAT.",
+        show_default=False,
+    ),
+]
 LogLevelOption = Annotated[
     str,
     typer.Option(
@@ -76,8 +84,14 @@ def settings_from(
     database_url: str | None = None,
     broker_url: str | None = None,
     schema: str | None = None,
+    heartbeat: int | None = None,
 ) -> Settings:
-    return load_settings(database_url=database_url, broker_url=broker_url, db_schema=schema)
+    return load_settings(
+        database_url=database_url,
+        broker_url=broker_url,
+        db_schema=schema,
+        broker_heartbeat=str(heartbeat) if heartbeat is not None else None,
+    )
 
 
 def connect(settings: Settings) -> psycopg.Connection[Any]:
@@ -94,9 +108,7 @@ def connect(settings: Settings) -> psycopg.Connection[Any]:
 def setup_logging(settings: Settings, level: str, fmt: str) -> None:
     if fmt not in ("text", "json"):
         raise typer.BadParameter("--log-format must be text or json")
-    configure_logging(
-        level, fmt, password_of(settings.database_url), password_of(settings.broker_url)
-    )
+    configure_logging(level, fmt, *settings.secrets())
 
 
 def stop_on_signals() -> threading.Event:

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from saga import migrate as migrations
+from saga import roles
 from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
 from saga.cli.durations import parse_duration
 from saga.retention import Pruner, RetentionPolicy
@@ -103,3 +104,27 @@ def _duration(text: str) -> timedelta:
     value = parse_duration(text)
     assert value is not None
     return value
+
+
+@app.command("roles")
+def roles_command(
+    prefix: Annotated[
+        str, typer.Option(help="Role names: PREFIX_relay, _service, _operator.")
+    ] = "saga",
+    apply: Annotated[bool, typer.Option(help="Run the SQL instead of printing it.")] = False,
+    database_url: DatabaseUrlOption = None,
+    schema: SchemaOption = None,
+) -> None:
+    """Least-privilege roles: the relay, a service, and operators (SQL printed or applied)."""
+    settings = settings_from(database_url=database_url, schema=schema)
+    with connect(settings) as conn:
+        rendered = [s.as_string(conn) for s in roles.statements(settings.db_schema, prefix)]
+        if apply:
+            with conn.transaction():
+                for statement in rendered:
+                    conn.execute(statement.encode())
+            names = ", ".join(roles.role_names(prefix).values())
+            console.print(f"[green]roles {names} are ready[/green]; grant them to login roles")
+            return
+    for statement in rendered:
+        print(statement + ";")

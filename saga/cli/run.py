@@ -9,6 +9,7 @@ import typer
 from saga.cli.common import (
     BrokerUrlOption,
     DatabaseUrlOption,
+    HeartbeatOption,
     LogFormatOption,
     LogLevelOption,
     QueuePrefixOption,
@@ -41,6 +42,10 @@ def _metrics(port: int | None, settings: Settings) -> Metrics | None:
     return metrics
 
 
+def _broker(settings: Settings) -> BrokerConfig:
+    return BrokerConfig(settings.require_broker_url(), heartbeat=settings.broker_heartbeat)
+
+
 def _seconds(text: str | None) -> float | None:
     duration = parse_duration(text)
     return duration.total_seconds() if duration is not None else None
@@ -68,13 +73,14 @@ def relay(
         ),
     ] = None,
     metrics_port: MetricsPortOption = None,
+    heartbeat: HeartbeatOption = None,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
 ) -> None:
     """Publish committed outbox rows to the broker until SIGTERM (run any number of these)."""
     from outbox_relay.relay import Relay, RelayOptions
 
-    settings = settings_from(database_url, broker_url, schema)
+    settings = settings_from(database_url, broker_url, schema, heartbeat)
     setup_logging(settings, log_level, log_format)
     options = RelayOptions(
         schema=settings.db_schema,
@@ -83,10 +89,11 @@ def relay(
         declare_queues=declare_queues,
         allow_async_commit=allow_async_commit,
         prune_interval=_seconds(prune_interval),
+        signing=settings.key_ring(),
     )
     worker = Relay(
         settings.require_database_url(),
-        BrokerConfig(settings.require_broker_url()),
+        _broker(settings),
         options,
         Topology(queue_prefix=queue_prefix),
         metrics=_metrics(metrics_port, settings),
@@ -109,22 +116,32 @@ def consume(
         int, typer.Option(help="Deliveries taken at once; also the largest batch per transaction.")
     ] = 100,
     metrics_port: MetricsPortOption = None,
+    heartbeat: HeartbeatOption = None,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
 ) -> None:
-    """Run a service's handlers until SIGTERM."""
+    """Run a service's handlers until SIGTERM.
+
+    With SAGA_SIGNING_KEYS set, signatures are verified before decoding;
+    SAGA_REQUIRE_SIGNATURE=true rejects unsigned messages too.
+    """
     from consumers.runner import ServiceRunner
     from consumers.worker import ConsumerOptions
     from saga.cli.loading import load_service
 
-    settings = settings_from(database_url, broker_url, schema)
+    settings = settings_from(database_url, broker_url, schema, heartbeat)
     setup_logging(settings, log_level, log_format)
     service = load_service(target)
     runner = ServiceRunner(
         service,
         settings.require_database_url(),
-        BrokerConfig(settings.require_broker_url()),
-        ConsumerOptions(schema=settings.db_schema, concurrency=concurrency, prefetch=prefetch),
+        _broker(settings),
+        ConsumerOptions(
+            schema=settings.db_schema,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            signing=settings.key_ring(),
+        ),
         Topology(queue_prefix=queue_prefix),
         metrics=_metrics(metrics_port, settings),
         stop_event=stop_on_signals(),

@@ -1,0 +1,305 @@
+"""The chaos run (``make chaos``): the example under injected faults, then the checker.
+
+Four services and their relays (two for the orders database) and a workload
+driver run as separate processes on PostgreSQL and RabbitMQ. While orders
+flow, a fault schedule SIGKILLs random processes (a supervisor restarts them),
+pauses one with SIGSTOP past the broker heartbeat, restarts RabbitMQ, restarts
+PostgreSQL (fast shutdown), and leaves a transaction idle that starts a saga
+and commits late. Then it waits for quiescence and runs the checker.
+
+The last line is machine-readable::
+
+    chaos: sagas=N faults=N lost=N duplicated=N unconverged=N converge_s=X
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from examples.order_saga import driver
+from examples.order_saga.checker import check
+from examples.order_saga.cluster import SERVICES, Cluster
+from examples.order_saga.orders import OrderData, create_order
+from examples.order_saga.supervisor import Supervisor
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+KINDS = ("kill", "pause", "restart_rabbitmq", "restart_postgres", "idle_transaction")
+ADMIN_URL = os.environ.get(
+    "SAGA_CHAOS_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+BROKER_URL = os.environ.get("SAGA_CHAOS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _url(name: str) -> str:
+    return ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def _admin(statement: str, name: str) -> None:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL(statement).format(sql.Identifier(name)))  # type: ignore[arg-type]
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), 1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_port(port: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not _port_open(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing answers on port {port} after {seconds}s")
+        time.sleep(0.2)
+
+
+class FaultInjector:
+    """Applies one fault of a given kind and remembers what it did."""
+
+    def __init__(self, supervisor: Supervisor, system: Cluster, heartbeat: int, rng: random.Random):
+        self.supervisor = supervisor
+        self.system = system
+        self.heartbeat = heartbeat
+        self.rng = rng
+        self.done: Counter[str] = Counter()
+        self.late_orders: list[str] = []
+        self._threads: list[threading.Thread] = []
+
+    def inject(self, kind: str) -> None:
+        getattr(self, kind)()
+        self.done[kind] += 1
+
+    def kill(self) -> None:
+        self.supervisor.kill(self.rng.choice(sorted(self.supervisor.processes)))
+
+    def pause(self) -> None:
+        name = self.rng.choice([s for s in SERVICES])
+        self.supervisor.pause(name)
+        self._later(self.heartbeat * 2.5 + 1, lambda: self.supervisor.resume(name))
+
+    def restart_rabbitmq(self) -> None:
+        subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
+        subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
+        _wait_port(5672, 60)
+
+    def restart_postgres(self) -> None:
+        version = sorted(os.listdir("/etc/postgresql"))[0]
+        subprocess.run(
+            [
+                "pg_ctlcluster",
+                "--skip-systemctl-redirect",
+                version,
+                "main",
+                "restart",
+                "-m",
+                "fast",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        _wait_port(5432, 60)
+
+    def idle_transaction(self) -> None:
+        """A transaction that starts a saga, sits idle, and commits late."""
+        order = OrderData(
+            order_id=f"late-{uuid.uuid4().hex[:8]}", customer_id="c-00", sku="sku-00", quantity=1,
+            amount_cents=100, card_token="tok_late", region="north",
+        )  # fmt: skip
+
+        def hold() -> None:
+            try:
+                url = self.system.database_urls["orders"]
+                with psycopg.connect(url) as conn, conn.transaction():
+                    create_order.start(conn, order, idempotency_key=order.order_id)
+                    time.sleep(self.heartbeat * 2)
+                self.late_orders.append(order.order_id)
+            except psycopg.Error:
+                pass  # a PostgreSQL restart ended it: rolled back, nothing to check
+
+        thread = threading.Thread(target=hold, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _later(self, seconds: float, action: Any) -> None:
+        timer = threading.Timer(seconds, action)
+        timer.start()
+        self._threads.append(timer)  # type: ignore[arg-type]
+
+    def settle(self) -> None:
+        for thread in self._threads:
+            thread.join(120)
+
+
+def _deck(rng: random.Random) -> list[str]:
+    deck = ["kill"] * 6 + ["pause", "restart_rabbitmq", "restart_postgres", "idle_transaction"]
+    rng.shuffle(deck)
+    return deck
+
+
+def run(
+    sagas: int, duration: float, interval: float, heartbeat: int, seed: int, keep: bool
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    run_id = uuid.uuid4().hex[:6]
+    names = {s: f"chaos_{run_id}_{s}" for s in SERVICES}
+    for name in names.values():
+        _admin("CREATE DATABASE {}", name)
+    system = Cluster(
+        {s: _url(n) for s, n in names.items()},
+        BROKER_URL,
+        queue_prefix=f"chaos{run_id}.",
+        extra_env={"SAGA_BROKER_HEARTBEAT": str(heartbeat), "ORDER_SAGA_FLAKINESS": "0.02"},
+    )
+    system.prepare()
+    logs = RESULTS.parent / "chaos-logs" / run_id
+    commands = [*system.commands(), ("orders-relay-2", ["relay"], system.env("orders"))]
+    commands.append(
+        (
+            "driver",
+            [sys.executable, "-m", "examples.order_saga.drive", "--database-url",
+             system.database_urls["orders"], "--orders", str(sagas), "--seconds",
+             str(duration * 0.8), "--seed", str(seed), "--prefix", f"c{run_id}"],
+            {},
+        )
+    )  # fmt: skip
+    supervisor = Supervisor(commands, logs)
+    injector = FaultInjector(supervisor, system, heartbeat, rng)
+    print(
+        f"chaos {run_id}: {sagas} sagas over {duration:.0f}s, "
+        f"a fault every {interval}s; logs in {logs}"
+    )
+    started = time.monotonic()
+    deck: list[str] = []
+    try:
+        while time.monotonic() - started < duration:
+            time.sleep(interval)
+            supervisor.watch()
+            deck = deck or _deck(rng)
+            kind = deck.pop()
+            try:
+                injector.inject(kind)
+            except (subprocess.CalledProcessError, RuntimeError) as exc:
+                print(f"chaos: fault {kind} could not be injected: {exc}")
+                raise
+            print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
+        injector.settle()
+        _wait_port(5432, 60)
+        _wait_port(5672, 60)
+        faults_end = time.monotonic()
+        expected = sagas + len(injector.late_orders)
+        converged = _quiesce(system, supervisor, expected, timeout=max(120.0, duration))
+        converge_s = time.monotonic() - faults_end
+    finally:
+        codes = supervisor.stop()
+    report = check(system)
+    counts = driver.status_counts(system)
+    present = sum(counts.values())
+    unconverged = counts.get("running", 0) + counts.get("compensating", 0)
+    lost = report.figures.get("commands_lost", 0) + max(0, expected - present)
+    result = {
+        "sagas": present,
+        "expected_sagas": expected,
+        "faults": sum(injector.done.values()),
+        "faults_by_kind": dict(injector.done),
+        "process_restarts": sum(supervisor.restarts.values()),
+        "lost": lost,
+        "duplicated": report.figures.get("effects_duplicated", 0),
+        "unconverged": unconverged if converged else max(unconverged, 1),
+        "converge_s": round(converge_s, 1),
+        "violations": report.violations,
+        "figures": report.figures,
+        "exit_codes": codes,
+    }
+    if not keep:
+        for name in names.values():
+            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+        shutil.rmtree(logs, ignore_errors=True)
+    return result
+
+
+def _quiesce(system: Cluster, supervisor: Supervisor, expected: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        supervisor.watch()
+        try:
+            counts = driver.status_counts(system)
+            ready = sum(
+                system.connect(s)
+                .execute("SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL")
+                .fetchone()[0]  # type: ignore[index]
+                for s in SERVICES
+            )
+        except psycopg.OperationalError:
+            time.sleep(0.5)
+            continue
+        settled = counts.get("completed", 0) + counts.get("compensated", 0)
+        if settled >= expected and ready == 0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sagas", type=int, default=600)
+    parser.add_argument("--duration", type=float, default=150.0, help="seconds of faults")
+    parser.add_argument("--interval", type=float, default=2.5, help="seconds between faults")
+    parser.add_argument("--heartbeat", type=int, default=4, help="broker heartbeat (seconds)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", action="store_true", help="keep the databases and logs")
+    parser.add_argument("--save", action="store_true", help="write bench/results/chaos-*.json")
+    args = parser.parse_args(argv)
+    for tool in ("rabbitmqctl", "pg_ctlcluster"):
+        if shutil.which(tool) is None:
+            print(f"chaos needs {tool} (local PostgreSQL and RabbitMQ it may restart)")
+            return 2
+    result = run(args.sagas, args.duration, args.interval, args.heartbeat, args.seed, args.keep)
+    print(f"faults injected: {result['faults']} {result['faults_by_kind']}")
+    print(f"process restarts: {result['process_restarts']}")
+    print(f"sagas: {result['sagas']} of {result['expected_sagas']}")
+    for key, value in sorted(result["figures"].items()):
+        print(f"  {key}: {value}")
+    for violation in result["violations"]:
+        print(f"VIOLATION: {violation}")
+    if args.save:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+        document = {**result, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        for name in (f"chaos-{stamp}.json", "chaos-latest.json"):
+            (RESULTS / name).write_text(json.dumps(document, indent=2, default=str) + "\n")
+    print(
+        f"chaos: sagas={result['sagas']} faults={result['faults']} lost={result['lost']} "
+        f"duplicated={result['duplicated']} unconverged={result['unconverged']} "
+        f"converge_s={result['converge_s']}"
+    )
+    missing_kinds = [k for k in KINDS if not result["faults_by_kind"].get(k)]
+    ok = not (
+        result["lost"] or result["duplicated"] or result["unconverged"] or result["violations"]
+    )
+    if missing_kinds:
+        print(f"chaos: not every kind of fault was injected: missing {missing_kinds}")
+    return 0 if ok and not missing_kinds else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

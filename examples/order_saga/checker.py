@@ -1,0 +1,152 @@
+"""The invariant checker: run it against the example's four databases, on its own.
+
+    python -m examples.order_saga.checker --database-url 'postgresql://localhost/chaos_{service}'
+
+It classifies every command a saga sent as delivered, lost, duplicated (its
+effect applied more than once) or unexpected (an effect no saga step accounts
+for), checks that every saga is finished (or visibly needs an operator), that
+each saga's steps ran in order, that every outbox is drained, and that money
+and stock add up. It prints the figures and exits 1 on any violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+from examples.order_saga import invariants
+from examples.order_saga.cluster import SERVICES, Cluster
+from examples.order_saga.orders import create_order
+
+#: Remote step -> (service, table holding one row per applied command, keyed by idempotency key).
+EFFECTS = {
+    "reserve_stock": ("inventory", "stock_reservations"),
+    "reserve_credit": ("customers", "credit_reservations"),
+    "charge_payment": ("payments", "charges"),
+    "schedule_shipment": ("inventory", "shipments"),
+}
+ORDER = [step.name for step in create_order.steps]
+
+
+def _rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
+    with system.connect(service) as conn:
+        return conn.execute(query).fetchall()  # type: ignore[arg-type]
+
+
+def classify(system: Cluster, report: invariants.Report) -> None:
+    """Delivered, lost, duplicated and unexpected commands, from the step log and the effects."""
+    succeeded = {
+        f"{saga_id}:{step}"
+        for saga_id, step in _rows(
+            system,
+            "orders",
+            "SELECT saga_id, step FROM saga.saga_steps "
+            "WHERE phase = 'forward' AND outcome = 'succeeded'",
+        )
+        if step in EFFECTS
+    }
+    applied: Counter[str] = Counter()
+    for service, table in set(EFFECTS.values()):
+        for key, count in _rows(system, service, f"SELECT id, count(*) FROM {table} GROUP BY id"):
+            applied[key] += count
+    delivered = sum(1 for key in succeeded if applied[key] == 1)
+    lost = [key for key in succeeded if applied[key] == 0]
+    duplicated = [key for key, count in applied.items() if count > 1]
+    unexpected = [key for key in applied if key not in succeeded]
+    running = {
+        str(r[0])
+        for r in _rows(
+            system,
+            "orders",
+            "SELECT id FROM saga.saga_instances WHERE status IN ('running', 'compensating')",
+        )
+    }
+    unexpected = [key for key in unexpected if key.split(":")[0] not in running]
+    report.figures.update(
+        commands_delivered=delivered,
+        commands_lost=len(lost),
+        effects_duplicated=len(duplicated),
+        effects_unexpected=len(unexpected),
+    )
+    if lost:
+        report.violations.append(f"{len(lost)} commands lost, e.g. {lost[:3]}")
+    if duplicated:
+        report.violations.append(f"{len(duplicated)} effects applied twice, e.g. {duplicated[:3]}")
+    if unexpected:
+        report.violations.append(f"{len(unexpected)} unexpected effects, e.g. {unexpected[:3]}")
+
+
+def step_order(system: Cluster, report: invariants.Report) -> None:
+    """Forward steps in definition order, then compensations in reverse, per saga."""
+    log: dict[Any, list[tuple[str, str]]] = defaultdict(list)
+    for saga_id, step, phase in _rows(
+        system,
+        "orders",
+        "SELECT saga_id, step, phase FROM saga.saga_steps "
+        "WHERE outcome = 'succeeded' ORDER BY saga_id, id",
+    ):
+        log[saga_id].append((step, phase))
+    bad = []
+    for saga_id, entries in log.items():
+        forward = [s for s, p in entries if p == "forward"]
+        backward = [s for s, p in entries if p == "compensation"]
+        first_compensation = next((i for i, (_, p) in enumerate(entries) if p != "forward"), None)
+        in_order = forward == sorted(forward, key=ORDER.index)
+        reverse = backward == sorted(backward, key=ORDER.index, reverse=True)
+        no_forward_after = first_compensation is None or all(
+            p == "compensation" for _, p in entries[first_compensation:]
+        )
+        if not (in_order and reverse and no_forward_after):
+            bad.append(saga_id)
+    report.figures["sagas_out_of_order"] = len(bad)
+    if bad:
+        report.violations.append(f"{len(bad)} sagas ran steps out of order, e.g. {bad[:3]}")
+
+
+def drained(system: Cluster, report: invariants.Report) -> None:
+    """No ready message left in any outbox, no pending dead letter."""
+    ready = letters = 0
+    for service in SERVICES:
+        ready += _rows(
+            system, service, "SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL"
+        )[0][0]
+        letters += _rows(
+            system, service, "SELECT count(*) FROM saga.dead_letters WHERE status = 'pending'"
+        )[0][0]
+    report.figures.update(outbox_ready=ready, dead_letters_pending=letters)
+    if ready:
+        report.violations.append(f"{ready} messages still waiting in the outboxes")
+    if letters:
+        report.violations.append(f"{letters} dead letters need an operator")
+
+
+def check(system: Cluster) -> invariants.Report:
+    report = invariants.check(system)
+    classify(system, report)
+    step_order(system, report)
+    drained(system, report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--database-url",
+        required=True,
+        help="URL with a {service} placeholder, e.g. postgresql://localhost/chaos_{service}",
+    )
+    args = parser.parse_args(argv)
+    system = Cluster({s: args.database_url.format(service=s) for s in SERVICES}, "memory://")
+    report = check(system)
+    for key, value in sorted(report.figures.items()):
+        print(f"{key}: {value}")
+    for violation in report.violations:
+        print(f"VIOLATION: {violation}")
+    print("checker: ok" if report.ok else f"checker: {len(report.violations)} violation(s)")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

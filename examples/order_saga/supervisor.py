@@ -1,0 +1,92 @@
+"""Keeps the example's processes running: restarts any that dies, counts what it did.
+
+Used by the chaos run and the crash-point matrix: a process killed by a fault
+comes back (without the fault armed), as a real supervisor would bring it back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+from examples.order_saga.processes import SagaProcess
+
+FAULTS_VAR = "SAGA_FAULTS"
+
+
+class Supervisor:
+    """Starts ``commands`` (name, saga arguments, environment) and restarts them when they die."""
+
+    def __init__(
+        self,
+        commands: list[tuple[str, list[str], dict[str, str]]],
+        log_dir: Path,
+        *,
+        faults: str | None = None,
+    ) -> None:
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.commands = {name: (args, env) for name, args, env in commands}
+        self.processes: dict[str, SagaProcess] = {}
+        self.restarts: Counter[str] = Counter()
+        self.deaths: Counter[int] = Counter()  # by exit code (negative: signal)
+        self.finished: set[str] = set()
+        for name, (args, env) in self.commands.items():
+            armed = {**env, FAULTS_VAR: faults} if faults else env
+            self.processes[name] = SagaProcess(args, armed, log_dir, name)
+
+    def watch(self) -> int:
+        """Restart every process that died; return how many were restarted.
+
+        A process that exited 0 on its own (the workload driver, done) stays finished.
+        """
+        restarted = 0
+        for name, process in list(self.processes.items()):
+            code = process.returncode
+            if code is None or code == 0 or name in self.finished:
+                if code == 0:
+                    self.finished.add(name)
+                continue
+            self.deaths[code] += 1
+            args, env = self.commands[name]
+            self.processes[name] = SagaProcess(args, env, self.log_dir, name)
+            self.restarts[name] += 1
+            restarted += 1
+        return restarted
+
+    def kill(self, name: str) -> None:
+        self.processes[name].proc.send_signal(signal.SIGKILL)
+
+    def pause(self, name: str) -> None:
+        os.kill(self.processes[name].proc.pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        os.kill(self.processes[name].proc.pid, signal.SIGCONT)
+
+    def wait_all_running(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.watch() == 0:
+                return
+            time.sleep(0.2)
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM everything (graceful stop); return exit codes."""
+        for process in self.processes.values():
+            if process.returncode is None:
+                os.kill(process.proc.pid, signal.SIGCONT)
+                process.proc.terminate()
+        self.finished.update(self.processes)
+        return {name: process.wait(60) for name, process in self.processes.items()}
+
+    def fired(self) -> Counter[str]:
+        """Fault points that fired, from the processes' logs."""
+        fired: Counter[str] = Counter()
+        for log in self.log_dir.glob("*.log"):
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("fault point ") and line.endswith(" fired: SIGKILL"):
+                    fired[line.split()[2]] += 1
+        return fired

@@ -1,0 +1,114 @@
+"""Least privilege: the relay and a consumer run under the roles `saga db roles` creates."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from examples.order_saga.processes import REPO, SAGA
+from outbox_relay import Relay, RelayOptions
+from saga import Outbox
+from saga.envelope import Envelope
+from tests.support.brokers import TestBroker
+from tests.support.databases import TestDatabase
+from tests.support.running import running_service
+from tests.support.services import EFFECTS_DDL, Ping, service
+from tests.support.wait import wait_until
+
+
+def as_user(db: TestDatabase, user: str) -> str:
+    return db.url.replace("postgres@", f"{user}@", 1)
+
+
+@pytest.fixture
+def roles(db: TestDatabase) -> Iterator[dict[str, str]]:
+    prefix = f"r{uuid.uuid4().hex[:8]}"
+    result = subprocess.run(
+        [SAGA, "db", "roles", "--apply", "--prefix", prefix],
+        cwd=REPO,
+        env={"SAGA_DATABASE_URL": db.url, "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    db.execute(EFFECTS_DDL)
+    logins = {}
+    for kind in ("relay", "service", "operator"):
+        login = f"{prefix}_{kind}_login"
+        db.execute(f'CREATE ROLE "{login}" LOGIN IN ROLE "{prefix}_{kind}"')
+        logins[kind] = login
+    db.execute(f'GRANT SELECT, INSERT ON public.effects TO "{prefix}_service"')
+    db.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{prefix}_service"')
+    yield logins
+    for role in [*logins.values(), *(f"{prefix}_{k}" for k in logins)]:
+        db.execute(f'DROP OWNED BY "{role}"')
+        db.execute(f'DROP ROLE "{role}"')
+
+
+def test_relay_role_relays_and_may_touch_nothing_else(
+    db: TestDatabase, rabbit: TestBroker, roles: dict[str, str]
+) -> None:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        Outbox().add(conn, Ping(key="r"), destination="notes")
+    with Relay(
+        as_user(db, roles["relay"]), rabbit.config, RelayOptions(), rabbit.topology
+    ) as relay:
+        assert relay.drain() == 1
+    assert len(rabbit.receive("notes", 1)) == 1
+    with psycopg.connect(as_user(db, roles["relay"]), autocommit=True) as conn:
+        for statement in (
+            "DELETE FROM public.effects",
+            "SELECT * FROM saga.inbox",
+            "INSERT INTO saga.inbox (consumer, message_id) VALUES ('x', gen_random_uuid())",
+            "UPDATE saga.saga_instances SET status = 'completed'",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+                conn.execute(statement)  # type: ignore[arg-type]
+
+
+def test_consumer_runs_under_the_service_role(
+    db: TestDatabase, rabbit: TestBroker, roles: dict[str, str]
+) -> None:
+    service_db = TestDatabase(as_user(db, roles["service"]), db.name)
+    with running_service(service, service_db, rabbit) as runner:
+        rabbit.publish_raw(
+            service.name, Envelope.wrap(Ping(key="s")).to_bytes(), "application/json"
+        )
+        rabbit.publish_raw(service.name, b"junk", "application/json")  # a dead letter, too
+        wait_until(lambda: sum(runner.counts.values()) == 2, what="handled under the role")
+    assert db.scalar("SELECT count(*) FROM effects") == 1
+    assert db.scalar("SELECT count(*) FROM saga.dead_letters") == 1
+    denied = pytest.raises(psycopg.errors.InsufficientPrivilege)
+    with psycopg.connect(service_db.url, autocommit=True) as conn, denied:
+        conn.execute("DELETE FROM saga.outbox")
+
+
+def test_operator_reads_and_replays_but_cannot_write_business_tables(
+    db: TestDatabase, roles: dict[str, str]
+) -> None:
+    body = Envelope.wrap(Ping(key="o")).to_bytes()
+    letter = db.scalar(
+        "INSERT INTO saga.dead_letters (consumer, reason, body, error_type, error_message) "
+        "VALUES ('effects', 'failed', %s, 'E', 'boom') RETURNING id",
+        (body,),
+    )
+    result = subprocess.run(
+        [SAGA, "dlq", "replay", str(letter)],
+        cwd=REPO,
+        env={"SAGA_DATABASE_URL": as_user(db, roles["operator"]), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 1
+    denied = pytest.raises(psycopg.errors.InsufficientPrivilege)
+    with psycopg.connect(as_user(db, roles["operator"]), autocommit=True) as conn, denied:
+        conn.execute("DELETE FROM public.effects")
