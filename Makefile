@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test lint unit bench clean
+.PHONY: install demo test lint unit bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,demo,bench]'
 	$(BIN)/python -m bench.run
+
+# A few minutes of faults against the example (restarts local PostgreSQL and RabbitMQ).
+# Longer: make chaos CHAOS_ARGS="--sagas 3000 --duration 900"
+chaos: $(STAMP)
+	$(BIN)/python -m examples.order_saga.chaos --save $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

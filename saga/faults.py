@@ -18,6 +18,17 @@ logger = logging.getLogger(__name__)
 
 ENV_VAR = "SAGA_FAULTS"
 
+#: Every fault point in the framework (the crash-point matrix covers each one).
+FAULT_POINTS = (
+    "relay.after_claim",
+    "relay.after_publish",
+    "relay.after_commit",
+    "consumer.before_commit",
+    "consumer.after_commit",
+    "consumer.after_ack",
+    "orchestrator.in_compensation",
+)
+
 
 def _parse(spec: str) -> dict[str, int]:
     points: dict[str, int] = {}

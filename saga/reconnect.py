@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+import kombu.exceptions
 import psycopg
 from kombu import Connection
 from tenacity import (
@@ -36,6 +37,7 @@ def transient_errors(broker_connection: Connection) -> tuple[type[BaseException]
         psycopg.OperationalError,
         ConnectionError,
         OSError,
+        kombu.exceptions.OperationalError,  # kombu's wrapper for "cannot connect"
         *broker_connection.connection_errors,
         *broker_connection.channel_errors,
     )

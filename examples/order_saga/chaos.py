@@ -242,19 +242,10 @@ def _quiesce(system: Cluster, supervisor: Supervisor, expected: int, timeout: fl
     while time.monotonic() < deadline:
         supervisor.watch()
         try:
-            counts = driver.status_counts(system)
-            ready = sum(
-                system.connect(s)
-                .execute("SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL")
-                .fetchone()[0]  # type: ignore[index]
-                for s in SERVICES
-            )
+            if driver.quiescent(system, expected):
+                return True
         except psycopg.OperationalError:
-            time.sleep(0.5)
-            continue
-        settled = counts.get("completed", 0) + counts.get("compensated", 0)
-        if settled >= expected and ready == 0:
-            return True
+            pass
         time.sleep(0.5)
     return False
 

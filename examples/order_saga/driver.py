@@ -102,6 +102,21 @@ def wait_until_settled(
         time.sleep(0.2)
 
 
+def quiescent(system: Cluster, expected: int) -> bool:
+    """True when ``expected`` sagas are finished and no outbox holds a ready message."""
+    counts = status_counts(system)
+    if counts.get("completed", 0) + counts.get("compensated", 0) < expected:
+        return False
+    for service in cluster.SERVICES:
+        with system.connect(service) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL"
+            ).fetchone()
+        if row and row[0]:
+            return False
+    return True
+
+
 def sample_sagas(system: Cluster, statuses: tuple[str, ...], each: int = 1) -> list[Any]:
     with system.connect("orders") as conn:
         return [

@@ -1,0 +1,55 @@
+"""A sentinel password never appears in logs or error text."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from examples.order_saga.processes import REPO, SAGA, SagaProcess
+from tests.support.databases import TestDatabase
+from tests.support.wait import wait_until
+
+SENTINEL = "Sentinel-Pa55-4e1d"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), **extra}
+
+
+def test_unreachable_servers_never_print_the_password(tmp_path: Path) -> None:
+    env = _env(
+        SAGA_DATABASE_URL=f"postgresql://app:{SENTINEL}@127.0.0.1:1/orders",
+        SAGA_BROKER_URL=f"amqp://guest:{SENTINEL}@127.0.0.1:1//",
+        SAGA_SIGNING_KEYS=f"k1:{SENTINEL}-long-enough",
+    )
+    for fmt in ("text", "json"):
+        relay = SagaProcess(["relay", "--log-format", fmt], env, tmp_path, f"relay-{fmt}")
+        wait_until(lambda r=relay: "Retrying" in r.output(), timeout=30, what="retry logged")
+        relay.proc.send_signal(signal.SIGTERM)
+        relay.wait(30)
+        assert "127.0.0.1" in relay.output()
+        assert SENTINEL not in relay.output()
+    migrate = subprocess.run(
+        [SAGA, "db", "migrate"], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+    assert migrate.returncode == 1 and "cannot connect" in migrate.stderr
+    assert SENTINEL not in migrate.stdout + migrate.stderr
+
+
+def test_a_working_password_is_masked_in_what_processes_print(
+    db: TestDatabase, tmp_path: Path
+) -> None:
+    url = db.url.replace("postgres@", f"postgres:{SENTINEL}@", 1)  # trust auth ignores it
+    env = _env(SAGA_DATABASE_URL=url, SAGA_BROKER_URL=f"amqp://guest:{SENTINEL}@127.0.0.1:1//")
+    consumer = SagaProcess(["consume", "tests.support.services:service"], env, tmp_path, "c")
+    wait_until(lambda: "Retrying" in consumer.output(), timeout=30, what="broker retry logged")
+    consumer.proc.send_signal(signal.SIGTERM)
+    consumer.wait(30)
+    assert "Connection refused" in consumer.output()
+    assert SENTINEL not in consumer.output()
+    shown = subprocess.run(
+        [SAGA, "list"], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+    assert shown.returncode == 0 and SENTINEL not in shown.stdout + shown.stderr
