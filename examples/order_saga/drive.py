@@ -18,6 +18,11 @@ from examples.order_saga import driver
 from examples.order_saga.orders import create_order
 
 
+def _already_started(conn: psycopg.Connection[tuple[str]]) -> set[str]:
+    rows = conn.execute("SELECT idempotency_key FROM saga.saga_instances").fetchall()
+    return {row[0] for row in rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", required=True, help="the orders service's database")
@@ -33,13 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     submitted = 0
     while submitted < len(orders):
         try:
-            with psycopg.connect(args.database_url, connect_timeout=5) as conn:
+            # autocommit: each order commits on its own (an implicit transaction around the
+            # whole loop would hold every order until the end, and lose them on a restart)
+            with psycopg.connect(args.database_url, connect_timeout=5, autocommit=True) as conn:
+                done = _already_started(conn)  # a restarted driver picks up where it was
                 while submitted < len(orders):
                     order = orders[submitted]
-                    with conn.transaction():
-                        create_order.start(conn, order, idempotency_key=order.order_id)
+                    if order.order_id not in done:
+                        with conn.transaction():
+                            create_order.start(conn, order, idempotency_key=order.order_id)
+                        time.sleep(pause)
                     submitted += 1
-                    time.sleep(pause)
         except psycopg.OperationalError as exc:  # the database restarted: carry on after it
             print(f"driver: database unavailable ({type(exc).__name__}); retrying", flush=True)
             time.sleep(0.5)
