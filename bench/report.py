@@ -11,15 +11,22 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def write(
-    figures: dict[str, float], rows: list[tuple[str, str, str]], machine: dict[str, Any]
+    figures: dict[str, float],
+    rows: list[tuple[str, str, str]],
+    machine: dict[str, Any],
+    name: str = "",
 ) -> Path:
-    """Save ``figures`` (numbers only) plus context; return the markdown file written."""
+    """Save ``figures`` (numbers only) plus context; return the markdown file written.
+
+    A partial run names itself (``name``) so it does not replace the full results.
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    stamp = (f"{name}-" if name else "") + datetime.now(UTC).strftime("%Y-%m-%d")
+    latest = f"{name}-latest" if name else "latest"
     document = {**figures, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
     document["machine"] = machine
-    for name in (f"{stamp}.json", "latest.json"):
-        (RESULTS / name).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    for file_name in (f"{stamp}.json", f"{latest}.json"):
+        (RESULTS / file_name).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     lines = [
         f"# Benchmark {stamp}",
         "",
@@ -35,5 +42,5 @@ def write(
     ]
     markdown = RESULTS / f"{stamp}.md"
     markdown.write_text("\n".join(lines))
-    (RESULTS / "latest.md").write_text("\n".join(lines))
+    (RESULTS / f"{latest}.md").write_text("\n".join(lines))
     return markdown

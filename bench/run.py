@@ -15,7 +15,15 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from bench import broker_baseline, ceiling, peer_celery, peer_dbos, relay_throughput, report
+from bench import (
+    broker_baseline,
+    ceiling,
+    peer_celery,
+    peer_dbos,
+    relay_throughput,
+    report,
+    saga_e2e,
+)
 from bench.environment import machine
 
 console = Console()
@@ -100,6 +108,90 @@ def _dbos(args: argparse.Namespace, figures: Figures) -> Row:
     )
 
 
+def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """The framework itself: the example order saga, every service a process."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as logs:
+        bench = saga_e2e.Bench(Path(logs), orchestrator_concurrency=args.concurrency)
+        try:
+            with console.status(f"order saga, full load: {args.sagas} sagas"):
+                bench.measure(min(300, args.sagas))  # warm up
+                full = bench.measure(args.sagas)
+            half_rate = full.sagas_per_s / 2
+            with console.status(f"order saga, half load: {half_rate:.0f} sagas/s"):
+                half = bench.measure(max(100, int(half_rate * args.half_seconds)), rate=half_rate)
+            rss = bench.consumer_rss_mb()
+            grown = None
+            if args.growth_rows:
+                with console.status(f"growth: {args.growth_rows:,} rows in inbox and step log"):
+                    bench.preload_history(args.growth_rows)
+                    bench.measure(min(300, args.sagas))
+                    grown = bench.measure(args.sagas)
+        finally:
+            bench.close()
+    figures |= {
+        "sagas_per_s": round(full.sagas_per_s, 1),
+        "steps_per_s": round(full.steps_per_s),
+        "latency_ms_p50": full.latency_ms["p50"],
+        "latency_ms_p95": full.latency_ms["p95"],
+        "latency_ms_p99": full.latency_ms["p99"],
+        "half_load_sagas_per_s": round(half.sagas_per_s, 1),
+        "half_load_latency_ms_p50": half.latency_ms["p50"],
+        "half_load_latency_ms_p95": half.latency_ms["p95"],
+        "half_load_latency_ms_p99": half.latency_ms["p99"],
+        "consumer_rss_mb": round(rss, 1),
+    }
+    rows = [
+        (
+            "order saga (4 remote + 2 local steps), full load",
+            f"{full.sagas_per_s:,.0f} sagas/s, {full.steps_per_s:,.0f} steps/s",
+            _versus(full, figures),
+        ),
+        (
+            "commit-to-consume latency, full load",
+            _latency(full),
+            "from a message's creation to the commit of its consumer's transaction",
+        ),
+        (
+            f"commit-to-consume latency, half load ({half.sagas_per_s:,.0f} sagas/s)",
+            _latency(half),
+            "targets: p50 < 10 ms, p99 < 50 ms",
+        ),
+        ("resident memory of one consumer (orders)", f"{rss:,.0f} MB", "after the runs above"),
+    ]
+    if grown is not None:
+        ratio = grown.sagas_per_s / full.sagas_per_s
+        figures["growth_throughput_ratio"] = round(ratio, 3)
+        figures["growth_rows"] = args.growth_rows
+        rows.append(
+            (
+                f"order saga with {args.growth_rows:,} rows in every inbox and the step log",
+                f"{grown.sagas_per_s:,.0f} sagas/s",
+                f"{ratio:.0%} of the empty-table throughput (target: at least 90%)",
+            )
+        )
+    return rows
+
+
+def _latency(m: saga_e2e.Measurement) -> str:
+    return " / ".join(f"{k} {v:,.1f} ms" for k, v in m.latency_ms.items())
+
+
+def _versus(full: saga_e2e.Measurement, figures: Figures) -> str:
+    parts = []
+    if figures.get("ceiling_step_tps"):
+        parts.append(
+            f"steps at {full.steps_per_s / figures['ceiling_step_tps']:.0%} of the ceiling"
+        )
+    if figures.get("celery_chains_per_s"):
+        parts.append(f"{full.sagas_per_s / figures['celery_chains_per_s']:.1f}x Celery chains")
+    if figures.get("dbos_workflows_per_s"):
+        parts.append(f"{full.sagas_per_s / figures['dbos_workflows_per_s']:.1f}x DBOS workflows")
+    return "; ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=50_000, help="messages per measurement")
@@ -107,7 +199,27 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=2_000, help="Celery chains per setting")
     parser.add_argument("--workflows", type=int, default=1_000, help="DBOS workflows per setting")
     parser.add_argument("--seconds", type=int, default=4, help="pgbench run per client count")
+    parser.add_argument("--sagas", type=int, default=3_000, help="order sagas at full load")
+    parser.add_argument(
+        "--half-seconds", type=float, default=15, help="length of the half-load run"
+    )
+    parser.add_argument(
+        "--growth-rows",
+        type=int,
+        default=5_000_000,
+        help="history rows for the growth run (0: skip)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="worker threads of the orchestrator (orders)"
+    )
+    parser.add_argument("--only-sagas", action="store_true", help="measure the saga runs alone")
     args = parser.parse_args()
+    if args.only_sagas:
+        figures: Figures = {}
+        rows = _sagas(args, figures)
+        path = report.write(figures, rows, machine(), name="sagas")
+        console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
+        return
 
     with console.status("raw broker publishes (per-message confirms)"):
         confirm = broker_baseline.publish_rate(min(args.messages, 5_000), "confirm")
@@ -118,7 +230,7 @@ def main() -> None:
     with console.status(f"relay draining {args.messages} outbox rows"):
         relay = relay_throughput.relay_rate(args.messages, args.batch_size)
 
-    figures: Figures = {
+    figures = {
         "relay_msgs_per_s": round(relay),
         "relay_batch_size": args.batch_size,
         "broker_publish_tx_msgs_per_s": round(tx),
@@ -145,6 +257,7 @@ def main() -> None:
         ("raw kombu publish, no confirms", f"{none:,.0f} msg/s", "not durable"),
     ]
     rows += [_ceiling(args, figures), _celery(args, figures), _dbos(args, figures)]
+    rows += _sagas(args, figures)
     path = report.write(figures, rows, machine())
     console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from consumers.context import HandlerContext
 from consumers.decoding import Decoded, Rejection, decode
 from consumers.inbox import Inbox
+from consumers.retry import BatchConflict
 from consumers.service import Service
 from saga import tracing
 from saga.dead_letters import DeadLetter, DeadLetterStore
@@ -40,6 +41,15 @@ logger = logging.getLogger(__name__)
 
 FIRST_FAILED_HEADER = "first_failed_at"
 LAST_ERROR_HEADER = "last_error"
+
+
+#: Errors that mean "another transaction holds what this one needs": retried in a short
+#: transaction of their own rather than inside a batch that holds other locks.
+LOCK_CONFLICTS = (
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.LockNotAvailable,
+)
 
 
 class Outcome(StrEnum):
@@ -74,10 +84,14 @@ class BatchProcessor:
         max_message_bytes: int | None = None,
         metrics: Metrics | None = None,
         signing: KeyRing | None = None,
+        batch_lock_timeout_ms: int = 250,
     ) -> None:
         self.service = service
         self.metrics = metrics
         self.signing = signing
+        self._created: list[float] = []
+        self._in_batch = False
+        self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
         self.inbox = Inbox(schema)
         self.dead_letters = DeadLetterStore(schema)
@@ -86,11 +100,25 @@ class BatchProcessor:
     def process(
         self, conn: psycopg.Connection[Any], deliveries: Sequence[Delivery]
     ) -> list[Outcome]:
-        """Handle ``deliveries`` and commit them together; return one outcome each."""
+        """Handle ``deliveries`` and commit them together; return one outcome each.
+
+        Raises :class:`BatchConflict` when a handler hits a lock conflict in a batch of
+        several: the caller then handles the deliveries one per transaction.
+        """
+        self._created = []
+        self._in_batch = len(deliveries) > 1
         with conn.transaction():
+            if self._in_batch and self.batch_lock_timeout_ms:
+                # A batch holds many rows' locks: give up waiting early, then go one by one.
+                conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
             outcomes = [self._handle(conn, delivery) for delivery in deliveries]
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
+        if self.metrics is not None:
+            committed = time.time()
+            latency = self.metrics.delivery_latency.labels(self.service.name)
+            for created in self._created:
+                latency.observe(committed - created)
         return outcomes
 
     def dead_letter_poison(
@@ -125,6 +153,7 @@ class BatchProcessor:
             outcome = self._reject(conn, delivery, rejection)
         else:
             envelope = decoded.envelope
+            self._created.append(envelope.created_at.timestamp())
             with (
                 log_context(
                     consumer=self.service.name,
@@ -150,8 +179,10 @@ class BatchProcessor:
         try:
             for attempt in retrying:
                 with attempt:
-                    outcome = self._attempt(conn, decoded)
+                    outcome = self._conflict_aware(conn, decoded)
             return outcome
+        except BatchConflict:
+            raise
         except StepFailed as failure:
             return self._business_failure(conn, decoded, failure)
         except Exception as exc:
@@ -183,6 +214,14 @@ class BatchProcessor:
             metrics.dead_lettered.labels(consumer, "failed").inc()
         elif outcome is Outcome.REJECTED:
             metrics.dead_lettered.labels(consumer, "rejected").inc()
+
+    def _conflict_aware(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
+        try:
+            return self._attempt(conn, decoded)
+        except LOCK_CONFLICTS as exc:
+            if self._in_batch:
+                raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
+            raise
 
     def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
         envelope = decoded.envelope

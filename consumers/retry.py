@@ -25,6 +25,14 @@ from tenacity import (
 from saga.errors import ConfigurationError, StepFailed
 
 
+class BatchConflict(Exception):
+    """A lock conflict (deadlock, serialization failure) inside a batch of deliveries.
+
+    Retrying it inside the batch would keep every lock the batch holds; the
+    whole batch is rolled back instead and its deliveries handled one by one.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How often and how patiently a failing handler is tried again.
@@ -52,7 +60,7 @@ class RetryPolicy:
         return self.immediate_attempts * (len(self.delays) + 1)
 
     def is_retriable(self, exc: BaseException) -> bool:
-        return not isinstance(exc, (StepFailed, *self.never_retry))
+        return not isinstance(exc, (StepFailed, BatchConflict, *self.never_retry))
 
     def immediate(self) -> Retrying:
         """A tenacity controller for the in-process tries of one delivery."""

@@ -48,6 +48,8 @@ class ConsumerOptions:
     poison_threshold: int = 5
     #: Verify signatures (and, if the ring requires it, reject unsigned messages).
     signing: KeyRing | None = None
+    #: A batch waiting longer than this for a row lock is rolled back and handled one by one.
+    batch_lock_timeout_ms: int = 250
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -80,6 +82,7 @@ class Worker:
             max_message_bytes=self.options.max_message_bytes,
             metrics=metrics,
             signing=self.options.signing,
+            batch_lock_timeout_ms=self.options.batch_lock_timeout_ms,
         )
         self.counts: Counter[Outcome] = Counter()
         self._secret = password_of(database_url)
@@ -206,7 +209,7 @@ class Worker:
             raise  # the database is gone: reconnect; the broker will redeliver
         except Exception as exc:
             if len(messages) > 1:
-                logger.warning("batch of %d failed (%s); handling one by one", len(messages), exc)
+                logger.info("batch of %d rolled back (%s); handling one by one", len(messages), exc)
                 for message in messages:
                     self._handle([message])
                 return

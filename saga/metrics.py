@@ -35,6 +35,10 @@ WHERE finished_at IS NULL GROUP BY 1, 2
 """
 
 HANDLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03,
+    0.04, 0.05, 0.065, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
 
 
 class Metrics:
@@ -55,6 +59,14 @@ class Metrics:
             "Time to handle one delivery (excluding the batch commit).",
             ["consumer"],
             buckets=HANDLE_BUCKETS,
+            registry=r,
+        )
+        self.delivery_latency = Histogram(
+            "saga_delivery_latency_seconds",
+            "From a message's creation (in its sender's transaction) to the commit of the "
+            "transaction that handled it.",
+            ["consumer"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.retries = Counter(

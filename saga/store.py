@@ -37,6 +37,7 @@ UPDATE {schema}.saga_instances SET
     finished_at = CASE WHEN %s THEN now() ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
+RETURNING version
 """
 
 _LOG = """
@@ -197,7 +198,7 @@ class SagaStore:
             ),
             prepare=True,
         )
-        if cur.rowcount != 1:
+        if cur.fetchone() is None:
             raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
         record.version += 1
 

@@ -224,3 +224,30 @@ def test_consumer_reconnects_after_the_broker_closed_its_connection(
         )
         rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="two")).to_bytes(), JSON)
         wait_until(lambda: _effects(db, "ping", "two") == 1, timeout=60, what="after reconnect")
+
+
+def test_batches_that_deadlock_on_hot_rows_still_finish(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """Two workers whose batches lock the same rows in opposite orders: every message lands."""
+    from typing import Any
+
+    from consumers import HandlerContext, Service
+    from tests.support.services import Hop
+
+    db.execute("CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL)")
+    db.execute("INSERT INTO counters VALUES (1, 0), (2, 0)")
+    hot = Service("hot")
+
+    @hot.handler(Hop)
+    def bump(tx: Any, msg: Hop, ctx: HandlerContext) -> None:
+        first, second = (1, 2) if msg.seq % 2 else (2, 1)
+        for row in (first, second):
+            tx.execute("UPDATE counters SET n = n + 1 WHERE id = %s", (row,))
+
+    bodies = [Envelope.wrap(Hop(chain="c", seq=i, last=0)).to_bytes() for i in range(300)]
+    with running_service(hot, db, rabbit, concurrency=2, prefetch=50) as runner:
+        rabbit.publish_many(hot.name, bodies)
+        wait_until(lambda: runner.counts[Outcome.HANDLED] == 300, timeout=120, what="300")
+    assert db.rows("SELECT id, n FROM counters ORDER BY id") == [(1, 300), (2, 300)]
+    assert db.scalar("SELECT count(*) FROM saga.dead_letters") == 0

@@ -1,0 +1,204 @@
+"""The example order saga end to end: four services, four relays, all separate processes.
+
+Full load: orders submitted as fast as one driver can start them (50 per
+transaction); sagas/s from the first submit to the last saga finished, and
+step transactions/s (deliveries handled and committed, counted from every
+inbox). Latency: from the creation of a message (its envelope, written in the
+sender's transaction just before it commits) to the commit of the consumer's
+transaction that handled it, read from every consumer's
+``saga_delivery_latency_seconds`` histogram. Half load: the same, with orders
+paced at half the full-load rate.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from kombu import Connection
+
+from bench.environment import AMQP_URL, ScratchDatabase
+from examples.order_saga import driver
+from examples.order_saga.cluster import SERVICES, TARGETS, Cluster
+from examples.order_saga.supervisor import Supervisor
+from saga.transport import Topology
+
+FIRST_PORT = 9460
+LATENCY = "saga_delivery_latency_seconds"
+
+
+@dataclass
+class Measurement:
+    sagas_per_s: float
+    steps_per_s: float
+    latency_ms: dict[str, float]
+
+
+class Bench:
+    """A running example system on scratch databases, to measure repeatedly."""
+
+    def __init__(self, work_dir: Path, orchestrator_concurrency: int = 1) -> None:
+        self.run_id = uuid.uuid4().hex[:6]
+        self.databases = {s: ScratchDatabase.create(f"bench_{self.run_id}_{s}") for s in SERVICES}
+        self.system = Cluster(
+            {s: d.url for s, d in self.databases.items()},
+            AMQP_URL,
+            queue_prefix=f"bench{self.run_id}.",
+        )
+        self.system.prepare()
+        self.ports = {s: FIRST_PORT + i for i, s in enumerate(SERVICES)}
+        commands = []
+        for service in SERVICES:
+            env = self.system.env(service)
+            commands.append((f"{service}-relay", ["relay"], env))
+            consumer = [
+                "consume", TARGETS[service], "--metrics-port", str(self.ports[service]),
+                "--concurrency", str(orchestrator_concurrency if service == "orders" else 1),
+            ]  # fmt: skip
+            commands.append((service, consumer, env))
+        self.supervisor = Supervisor(commands, work_dir)
+        self._wait_for_metrics()
+        self.submitted = 0
+
+    def close(self) -> None:
+        self.supervisor.stop()
+        for database in self.databases.values():
+            database.drop()
+        with Connection(AMQP_URL) as conn:
+            channel = conn.channel()
+            for service in SERVICES:
+                Topology(queue_prefix=f"bench{self.run_id}.").queue(service)(channel).delete()
+
+    def _wait_for_metrics(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                self._histogram()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("consumers did not start serving metrics")
+
+    # -- measuring ------------------------------------------------------------
+
+    def measure(self, orders: int, rate: float | None = None) -> Measurement:
+        """Submit ``orders`` (paced at ``rate`` per second if given) and wait for all of them."""
+        batch = driver.make_orders(
+            orders,
+            driver.FailureRates(0, 0, 0, 0),
+            seed=self.submitted,
+            prefix=f"b{self.submitted}",
+        )
+        before_hist, before_steps = self._histogram(), self._steps()
+        started = time.monotonic()
+        if rate is None:
+            driver.submit(self.system, batch, per_transaction=50)
+        else:
+            self._paced(batch, rate)
+        self.submitted += orders
+        self._wait_finished(self.submitted, timeout=600)
+        elapsed = time.monotonic() - started
+        after_hist = self._histogram()
+        delta = {le: after_hist[le] - before_hist.get(le, 0) for le in after_hist}
+        steps = self._steps() - before_steps
+        return Measurement(orders / elapsed, steps / elapsed, _percentiles(delta))
+
+    def consumer_rss_mb(self, service: str = "orders") -> float:
+        pid = self.supervisor.processes[service].proc.pid
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def preload_history(self, rows: int) -> None:
+        """Fill every inbox and the orders step log with ``rows`` old rows each (growth test)."""
+        for service, database in self.databases.items():
+            with psycopg.connect(database.url, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO saga.inbox (consumer, message_id, received_at) "
+                    "SELECT 'history', lpad(to_hex(i), 32, '0')::uuid, now() - interval '1 day' "
+                    "FROM generate_series(1, %s) AS i",
+                    (rows,),
+                )
+                if service == "orders":
+                    conn.execute(
+                        "INSERT INTO saga.saga_steps (saga_id, step, phase, attempt, outcome, "
+                        "started_at, finished_at) SELECT lpad(to_hex(i / 6), 32, '0')::uuid, "
+                        "'history', 'forward', 1, 'succeeded', now() - interval '1 day', "
+                        "now() - interval '1 day' FROM generate_series(1, %s) AS i",
+                        (rows,),
+                    )
+                conn.execute("VACUUM ANALYZE saga.inbox")
+                conn.execute("VACUUM ANALYZE saga.saga_steps")
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _paced(self, batch: list, rate: float) -> None:  # type: ignore[type-arg]
+        interval = 1.0 / rate
+        started = time.monotonic()
+        with self.system.connect("orders", autocommit=True) as conn:
+            for i, order in enumerate(batch):
+                with conn.transaction():
+                    from examples.order_saga.orders import create_order
+
+                    create_order.start(conn, order, idempotency_key=order.order_id)
+                pause = started + (i + 1) * interval - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+
+    def _wait_finished(self, total: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            counts = driver.status_counts(self.system)
+            if counts.get("completed", 0) + counts.get("compensated", 0) >= total:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"sagas did not finish within {timeout}s: {counts}")
+
+    def _steps(self) -> int:
+        total = 0
+        for service in SERVICES:
+            with self.system.connect(service) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM saga.inbox WHERE consumer <> 'history'"
+                ).fetchone()
+            total += int(row[0]) if row else 0
+        return total
+
+    def _histogram(self) -> Counter[float]:
+        """Cumulative latency bucket counts summed over every consumer."""
+        merged: Counter[float] = Counter()
+        for port in self.ports.values():
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            for line in text.decode().splitlines():
+                if line.startswith(f"{LATENCY}_bucket"):
+                    le = line.split('le="', 1)[1].split('"', 1)[0]
+                    merged[float("inf") if le == "+Inf" else float(le)] += float(
+                        line.rsplit(" ", 1)[1]
+                    )
+        return merged
+
+
+def _percentiles(cumulative: dict[float, float]) -> dict[str, float]:
+    """p50/p95/p99 in milliseconds, interpolated inside histogram buckets."""
+    bounds = sorted(cumulative)
+    total = cumulative[bounds[-1]] if bounds else 0
+    result = {}
+    for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+        target, lower, below = q * total, 0.0, 0.0
+        value = float("nan")
+        for bound in bounds:
+            count = cumulative[bound]
+            if count >= target and total:
+                upper = bound if bound != float("inf") else lower * 2
+                share = (target - below) / (count - below) if count > below else 1.0
+                value = (lower + (upper - lower) * share) * 1000
+                break
+            lower, below = bound, count
+        result[name] = round(value, 2)
+    return result
