@@ -90,6 +90,8 @@ class BatchProcessor:
         self.metrics = metrics
         self.signing = signing
         self._created: list[float] = []
+        #: Outbox row ids the last batch wrote (ids of rolled-back savepoints never commit).
+        self.written: list[int] = []
         self._in_batch = False
         self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
@@ -106,6 +108,7 @@ class BatchProcessor:
         several: the caller then handles the deliveries one per transaction.
         """
         self._created = []
+        self.written = []
         self._in_batch = len(deliveries) > 1
         with conn.transaction():
             if self._in_batch and self.batch_lock_timeout_ms:
@@ -231,8 +234,11 @@ class BatchProcessor:
             ctx = HandlerContext(envelope, self.service.name, self.metrics)
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
-            self.outbox.add_many(conn, ctx.outgoing)
+            self._write(conn, ctx.outgoing)
         return Outcome.HANDLED
+
+    def _write(self, conn: psycopg.Connection[Any], messages: list[OutgoingMessage]) -> None:
+        self.written.extend(self.outbox.add_many(conn, messages))
 
     def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
         """Send the handler's return value to ``reply_to``; None becomes an :class:`Ack`."""
@@ -263,7 +269,7 @@ class BatchProcessor:
             )
             if ctx.reply(reply) is None:
                 self._dead_letter_failure(conn, decoded, failure, tries=1)
-            self.outbox.add_many(conn, ctx.outgoing)
+            self._write(conn, ctx.outgoing)
         logger.info(
             "%s refused %s: %s",
             self.service.name,
@@ -295,7 +301,7 @@ class BatchProcessor:
                 }
             )
             try:
-                self.outbox.add_many(conn, [OutgoingMessage(retry, self.service.name, delay)])
+                self._write(conn, [OutgoingMessage(retry, self.service.name, delay)])
             except MessageTooLarge:
                 pass  # the headers pushed it over the cap: dead-letter it instead
             else:
@@ -327,7 +333,7 @@ class BatchProcessor:
         ctx = HandlerContext(decoded.envelope, self.service.name)
         failure = FailureReply(reason=reason, code=DEAD_LETTERED, failed_type=decoded.envelope.type)
         if ctx.reply(failure) is not None:
-            self.outbox.add_many(conn, ctx.outgoing)
+            self._write(conn, ctx.outgoing)
 
     def _dead_letter_failure(
         self,

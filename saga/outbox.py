@@ -28,6 +28,7 @@ _INSERT = """
 INSERT INTO {schema}.outbox
     (message_id, destination, message_type, saga_id, body, deliver_after)
 VALUES (%s, %s, %s, %s, %s, COALESCE(%s::timestamptz, now() + %s::interval))
+RETURNING id
 """
 
 _WAKE = "SELECT pg_notify(%s, '')"
@@ -149,18 +150,30 @@ class Outbox:
         self.add_many(conn, outgoing)
         return envelope.message_id
 
-    def add_many(self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]) -> None:
-        """Insert several messages in one round trip (same rules as :meth:`add`)."""
+    def add_many(
+        self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]
+    ) -> list[int]:
+        """Insert several messages in one round trip (same rules as :meth:`add`).
+
+        Returns the outbox row ids (a consumer publishes them itself after it commits).
+        """
         if not messages:
-            return
+            return []
         params = [self._params(m) for m in messages]
+        ids: list[int] = []
         with conn.cursor() as cur:
             if len(params) == 1:
                 cur.execute(self._insert, params[0], prepare=True)
+                ids.extend(row[0] for row in cur.fetchall())
             else:
-                cur.executemany(self._insert, params)
+                cur.executemany(self._insert, params, returning=True)
+                while True:
+                    ids.extend(row[0] for row in cur.fetchall())
+                    if not cur.nextset():
+                        break
             if self._should_wake():
                 cur.execute(_WAKE, (self._channel,))
+        return ids
 
     async def _add_async(
         self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]

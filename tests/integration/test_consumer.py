@@ -76,8 +76,8 @@ def test_business_failure_undoes_handler_writes_and_replies(
         wait_until(lambda: runner.counts[Outcome.BUSINESS_FAILURE] == 1, what="refusal")
     assert db.scalar("SELECT count(*) FROM effects") == 0
     assert db.scalar("SELECT count(*) FROM saga.inbox") == 1
-    (body,) = db.rows("SELECT body FROM saga.outbox WHERE destination = 'requester'")[0]
-    reply = Envelope.from_bytes(bytes(body))
+    (message,) = rabbit.receive("requester", 1)  # published by the consumer after its commit
+    reply = Envelope.from_bytes(message.body)
     assert reply.type == "saga.FailureReply"
     assert reply.causation_id == envelope.message_id
     assert FailureReply.model_validate(reply.payload).reason == "refusing r1"
@@ -251,3 +251,23 @@ def test_batches_that_deadlock_on_hot_rows_still_finish(
         wait_until(lambda: runner.counts[Outcome.HANDLED] == 300, timeout=120, what="300")
     assert db.rows("SELECT id, n FROM counters ORDER BY id") == [(1, 300), (2, 300)]
     assert db.scalar("SELECT count(*) FROM saga.dead_letters") == 0
+
+
+def test_consumer_publishes_what_it_wrote_right_after_commit(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """No relay runs: a chain still advances, each hop published by the consumer itself."""
+    from tests.support.services import Hop
+
+    _setup(db)
+    first = Envelope.wrap(Hop(chain="fast", seq=1, last=30)).to_bytes()
+    with running_service(service, db, rabbit):
+        rabbit.publish_raw(service.name, first, JSON)
+        wait_until(lambda: _effects(db, "hop", "fast") == 30, what="30 hops without a relay")
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+    with running_service(service, db, rabbit, publish_after_commit=False):
+        rabbit.publish_raw(
+            service.name, Envelope.wrap(Hop(chain="slow", seq=1, last=3)).to_bytes(), JSON
+        )
+        wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 1, what="left to relay")
+    assert _effects(db, "hop", "slow") == 1
