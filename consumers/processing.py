@@ -178,7 +178,23 @@ class BatchProcessor:
         return outcome
 
     def _run(self, conn: psycopg.Connection[Any], delivery: Delivery, decoded: Decoded) -> Outcome:
-        retrying = decoded.spec.retry.immediate()
+        try:  # the common case: one try, no retry controller built
+            return self._conflict_aware(conn, decoded)
+        except BatchConflict:
+            raise
+        except StepFailed as failure:
+            return self._business_failure(conn, decoded, failure)
+        except Exception as exc:
+            policy = decoded.spec.retry
+            if not policy.is_retriable(exc) or policy.immediate_attempts == 1:
+                return self._technical_failure(conn, delivery, decoded, exc, 1)
+        return self._retry(conn, delivery, decoded)
+
+    def _retry(
+        self, conn: psycopg.Connection[Any], delivery: Delivery, decoded: Decoded
+    ) -> Outcome:
+        """The first try failed: the policy's other immediate tries (tenacity), then the rest."""
+        retrying = decoded.spec.retry.retries()
         try:
             for attempt in retrying:
                 with attempt:
@@ -189,11 +205,11 @@ class BatchProcessor:
         except StepFailed as failure:
             return self._business_failure(conn, decoded, failure)
         except Exception as exc:
-            tries = int(retrying.statistics.get("attempt_number", 1))
+            tries = 1 + int(retrying.statistics.get("attempt_number", 1))
             return self._technical_failure(conn, delivery, decoded, exc, tries)
         finally:
-            retries = int(retrying.statistics.get("attempt_number", 1)) - 1
-            if retries and self.metrics is not None:
+            if self.metrics is not None:
+                retries = int(retrying.statistics.get("attempt_number", 1))
                 self.metrics.retries.labels(self.service.name, "immediate").inc(retries)
 
     def _verify(self, delivery: Delivery) -> None:

@@ -11,6 +11,7 @@ header: it is ours, not the broker's.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -70,6 +71,24 @@ class RetryPolicy:
                 multiplier=self.immediate_initial_wait, max=self.immediate_max_wait
             )
             + wait_random(0, self.immediate_initial_wait),
+            retry=retry_if_exception(self.is_retriable),
+            reraise=True,
+        )
+
+    def retries(self) -> Retrying:
+        """A tenacity controller for the tries after a failed first one.
+
+        It waits before its first try too, so the backoff between every two tries
+        is the same as with :meth:`immediate`.
+        """
+        first_wait = self.immediate_initial_wait
+        return Retrying(
+            stop=stop_after_attempt(self.immediate_attempts - 1),
+            wait=wait_exponential(
+                multiplier=self.immediate_initial_wait * 2, max=self.immediate_max_wait
+            )
+            + wait_random(0, self.immediate_initial_wait),
+            before=lambda state: time.sleep(first_wait) if state.attempt_number == 1 else None,
             retry=retry_if_exception(self.is_retriable),
             reraise=True,
         )

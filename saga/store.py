@@ -256,7 +256,10 @@ class SagaStore:
             for e in entries
         ]
         with conn.cursor() as cur:
-            cur.executemany(self._log, params)
+            if len(params) == 1:  # the usual case: a plain prepared statement is cheapest
+                cur.execute(self._log, params[0], prepare=True)
+            else:
+                cur.executemany(self._log, params)
 
     def timeline(self, conn: psycopg.Connection[Any], saga_id: UUID) -> list[tuple[Any, ...]]:
         return conn.execute(self._timeline, (saga_id,)).fetchall()

@@ -110,3 +110,16 @@ def test_fault_spec_parsing() -> None:
         "relay.after_publish": 1,
         "consumer.after_commit": 3,
     }
+
+
+def test_retries_after_a_failed_first_try_make_up_the_rest_of_the_attempts() -> None:
+    calls = 0
+
+    def fail() -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError
+
+    with pytest.raises(RuntimeError):
+        RetryPolicy(immediate_attempts=4, immediate_initial_wait=0.0).retries()(fail)
+    assert calls == 3
