@@ -91,8 +91,7 @@ CREATE TABLE saga_instances (
 
 CREATE UNIQUE INDEX saga_instances_idempotency
     ON saga_instances (name, idempotency_key) WHERE idempotency_key IS NOT NULL;
-CREATE INDEX saga_instances_unfinished
-    ON saga_instances (status, updated_at) WHERE finished_at IS NULL;
+CREATE INDEX saga_instances_unfinished ON saga_instances (status) WHERE finished_at IS NULL;
 CREATE INDEX saga_instances_name_status ON saga_instances (name, status, started_at);
 CREATE INDEX saga_instances_started_at ON saga_instances USING brin (started_at);
 CREATE INDEX saga_instances_waiting
