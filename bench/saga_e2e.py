@@ -52,7 +52,7 @@ class Bench:
         )
         self.system.prepare()
         self.ports = {s: FIRST_PORT + i for i, s in enumerate(SERVICES)}
-        commands = []
+        commands = [self.system.gateway_command()]
         for service in SERVICES:
             env = self.system.env(service)
             commands.append((f"{service}-relay", ["relay"], env))

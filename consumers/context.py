@@ -7,7 +7,9 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
+from saga.effects import SideEffects
 from saga.envelope import Envelope
+from saga.errors import ConfigurationError
 from saga.metrics import Metrics
 from saga.outbox import OutgoingMessage
 
@@ -21,10 +23,17 @@ class HandlerContext:
     transaction as the handler's own writes, when the handler returns.
     """
 
-    def __init__(self, envelope: Envelope, service: str, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        envelope: Envelope,
+        service: str,
+        metrics: Metrics | None = None,
+        effects: SideEffects | None = None,
+    ) -> None:
         self.envelope = envelope
         self.service = service
         self.metrics = metrics
+        self._effects = effects
         self.outgoing: list[OutgoingMessage] = []
 
     def __repr__(self) -> str:
@@ -57,6 +66,16 @@ class HandlerContext:
         Pass it to external APIs (payment providers) so they apply it once.
         """
         return self.envelope.headers.get(IDEMPOTENCY_KEY_HEADER) or str(self.envelope.message_id)
+
+    @property
+    def effects(self) -> SideEffects:
+        """The guard for calls to the outside world, on this service's database::
+
+        charge = ctx.effects.run(ctx.idempotency_key, call=lambda: api.charge(...))
+        """
+        if self._effects is None:
+            raise ConfigurationError("side effects need the consumer runtime (saga consume)")
+        return self._effects
 
     def send(
         self,

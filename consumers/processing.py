@@ -28,6 +28,7 @@ from consumers.retry import BatchConflict
 from consumers.service import Service
 from saga import tracing
 from saga.dead_letters import DeadLetter, DeadLetterStore
+from saga.effects import SideEffects
 from saga.envelope import ATTEMPT_HEADER
 from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
 from saga.faults import fault_point
@@ -85,10 +86,12 @@ class BatchProcessor:
         metrics: Metrics | None = None,
         signing: KeyRing | None = None,
         batch_lock_timeout_ms: int = 250,
+        effects: SideEffects | None = None,
     ) -> None:
         self.service = service
         self.metrics = metrics
         self.signing = signing
+        self.effects = effects
         self._created: list[float] = []
         #: Outbox row ids the last batch wrote (ids of rolled-back savepoints never commit).
         self.written: list[int] = []
@@ -247,7 +250,7 @@ class BatchProcessor:
         with conn.transaction():
             if not self.inbox.record(conn, self.service.name, envelope.message_id):
                 return Outcome.DUPLICATE
-            ctx = HandlerContext(envelope, self.service.name, self.metrics)
+            ctx = HandlerContext(envelope, self.service.name, self.metrics, self.effects)
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
             self._write(conn, ctx.outgoing)

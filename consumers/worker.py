@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -24,6 +25,7 @@ from consumers.processing import BatchProcessor, Delivery, Outcome
 from consumers.service import Service
 from outbox_relay.publisher import BatchPublisher
 from outbox_relay.store import RelayStore
+from saga.effects import SideEffects
 from saga.envelope import CONTENT_TYPE
 from saga.errors import SagaError
 from saga.faults import fault_point
@@ -55,6 +57,8 @@ class ConsumerOptions:
     #: Publish the messages a batch wrote right after it commits (the relay remains the
     #: safety net for anything this misses); cuts a relay poll out of every hop's latency.
     publish_after_commit: bool = True
+    #: How long a side-effect call may run before another attempt may take it over.
+    side_effect_lease: float = 30.0
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -88,6 +92,11 @@ class Worker:
             metrics=metrics,
             signing=self.options.signing,
             batch_lock_timeout_ms=self.options.batch_lock_timeout_ms,
+            effects=SideEffects(
+                database_url,
+                schema=self.options.schema,
+                lease=timedelta(seconds=self.options.side_effect_lease),
+            ),
         )
         self.counts: Counter[Outcome] = Counter()
         self._secret = password_of(database_url)
@@ -140,6 +149,8 @@ class Worker:
             finally:
                 self.ready.clear()
                 self._close()
+        if self.processor.effects is not None:
+            self.processor.effects.close()
 
     def _connect(self) -> None:
         self._close()

@@ -27,6 +27,7 @@ FAULT_POINTS = (
     "consumer.after_commit",
     "consumer.after_ack",
     "orchestrator.in_compensation",
+    "side_effect.after_call",
 )
 
 

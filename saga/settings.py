@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     redis_url: str | None = None
     broker_heartbeat: int = 20
+    side_effect_lease: float = 30.0
     signing_keys: SecretStr | None = None
     require_signature: bool = False
     db_schema: str = Field(

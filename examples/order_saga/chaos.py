@@ -89,7 +89,8 @@ class FaultInjector:
         self.done[kind] += 1
 
     def kill(self) -> None:
-        self.supervisor.kill(self.rng.choice(sorted(self.supervisor.processes)))
+        ours = sorted(name for name in self.supervisor.processes if name != "gateway")
+        self.supervisor.kill(self.rng.choice(ours))
 
     def pause(self) -> None:
         name = self.rng.choice([s for s in SERVICES])
@@ -168,7 +169,11 @@ def run(
         {s: _url(n) for s, n in names.items()},
         BROKER_URL,
         queue_prefix=f"chaos{run_id}.",
-        extra_env={"SAGA_BROKER_HEARTBEAT": str(heartbeat), "ORDER_SAGA_FLAKINESS": "0.02"},
+        extra_env={
+            "SAGA_BROKER_HEARTBEAT": str(heartbeat),
+            "ORDER_SAGA_FLAKINESS": "0.02",
+            "SAGA_SIDE_EFFECT_LEASE": "2",
+        },
     )
     system.prepare()
     logs = RESULTS.parent / "chaos-logs" / run_id

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,18 @@ class Cluster:
     broker_url: str
     queue_prefix: str = "saga."
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: The fake payment gateway (the outside world); a free local port when not given.
+    gateway_port: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.gateway_port:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.gateway_port = probe.getsockname()[1]
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
 
     def prepare(self) -> None:
         """Migrate every database and create the business tables (idempotent)."""
@@ -68,12 +82,19 @@ class Cluster:
             "SAGA_DATABASE_URL": self.database_urls[service],
             "SAGA_BROKER_URL": self.broker_url,
             "SAGA_QUEUE_PREFIX": self.queue_prefix,
+            "PAYMENT_GATEWAY_URL": self.gateway_url,
             **self.extra_env,
         }
 
+    def gateway_command(self) -> tuple[str, list[str], dict[str, str]]:
+        """The fake payment gateway, a process of its own (not one of ours: never faulted)."""
+        module = "examples.order_saga.gateway"
+        return ("gateway", [sys.executable, "-m", module, "--port", str(self.gateway_port)], {})
+
     def commands(self) -> list[tuple[str, list[str], dict[str, str]]]:
-        """(name, saga arguments, environment) of every process: a relay and a consumer each."""
-        result = []
+        """(name, arguments, environment) of every process: the gateway, then for each
+        service a relay and a consumer."""
+        result = [self.gateway_command()]
         for service in SERVICES:
             result.append((f"{service}-relay", ["relay"], self.env(service)))
             result.append((service, ["consume", TARGETS[service]], self.env(service)))

@@ -1,32 +1,50 @@
-"""The payments service: charges cards and refunds charges."""
+"""The payments service: charges cards and refunds charges through an external gateway.
+
+Each call goes through the side-effect guard with the step's idempotency key,
+so a redelivered, retried or replayed command never charges twice, and the
+gateway sees the same key every time (a refund has a key of its own).
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
 
 from consumers import HandlerContext, Service, StepFailed
 from examples.order_saga.flakiness import maybe_glitch
+from examples.order_saga.gateway import DECLINED, GatewayClient
 from examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge
 
 Tx = psycopg.Connection[Any]
 
 service = Service("payments")
 
-DECLINED = "tok_declined"
+__all__ = ["DECLINED", "service"]
+
+
+def gateway() -> GatewayClient:
+    return GatewayClient(os.environ["PAYMENT_GATEWAY_URL"])
 
 
 @service.handler(ChargeCard)
 def charge_card(tx: Tx, cmd: ChargeCard, ctx: HandlerContext) -> CardCharged:
     maybe_glitch("charge_card")
-    if cmd.card_token == DECLINED:
+    key = ctx.idempotency_key
+    charge = ctx.effects.run(
+        key,
+        call=lambda: gateway().charge(key, cmd.amount_cents, cmd.card_token),
+        on_takeover=lambda: gateway().find_charge(key),  # did the dead worker's call land?
+    )
+    if charge["status"] == "declined":
         raise StepFailed("card declined", code="declined")
     tx.execute(
-        "INSERT INTO charges (id, order_id, amount_cents, status) VALUES (%s, %s, %s, 'charged')",
-        (ctx.idempotency_key, cmd.order_id, cmd.amount_cents),
+        "INSERT INTO charges (id, order_id, amount_cents, status, gateway_id) "
+        "VALUES (%s, %s, %s, 'charged', %s)",
+        (key, cmd.order_id, cmd.amount_cents, charge["id"]),
     )
-    return CardCharged(charge_id=ctx.idempotency_key)
+    return CardCharged(charge_id=key)
 
 
 @service.handler(RefundCharge)
@@ -34,11 +52,18 @@ def refund_charge(tx: Tx, cmd: RefundCharge, ctx: HandlerContext) -> None:
     maybe_glitch("refund_charge")
     charged = tx.execute(
         "UPDATE charges SET status = 'refunded' WHERE id = %s AND status = 'charged' "
-        "RETURNING order_id, amount_cents",
+        "RETURNING order_id, amount_cents, gateway_id",
         (cmd.charge_id,),
     ).fetchone()
-    if charged is not None:
-        tx.execute(
-            "INSERT INTO refunds (charge_id, order_id, amount_cents) VALUES (%s, %s, %s)",
-            (cmd.charge_id, charged[0], charged[1]),
-        )
+    if charged is None:
+        return  # already refunded: nothing to undo
+    key = ctx.idempotency_key  # the compensation's own key, not the charge's
+    ctx.effects.run(
+        key,
+        call=lambda: gateway().refund(key, charged[2]),
+        on_takeover=lambda: gateway().find_refund(key),
+    )
+    tx.execute(
+        "INSERT INTO refunds (charge_id, order_id, amount_cents) VALUES (%s, %s, %s)",
+        (cmd.charge_id, charged[0], charged[1]),
+    )

@@ -141,6 +141,7 @@ def consume(
             concurrency=concurrency,
             prefetch=prefetch,
             signing=settings.key_ring(),
+            side_effect_lease=settings.side_effect_lease,
         ),
         Topology(queue_prefix=queue_prefix),
         metrics=_metrics(metrics_port, settings),

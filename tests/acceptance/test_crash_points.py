@@ -17,6 +17,7 @@ import pytest
 from examples.order_saga import driver
 from examples.order_saga.checker import check
 from examples.order_saga.cluster import Cluster
+from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.supervisor import Supervisor
 from saga.faults import FAULT_POINTS
 from tests.support.brokers import TestBroker
@@ -50,8 +51,10 @@ def test_recovery_after_a_crash_at(point: str, order_system: Cluster, tmp_path: 
     try:
         driver.submit(order_system, orders, per_transaction=5)
         counts = _settle(order_system, supervisor)
+        gateway_calls = GatewayClient(order_system.gateway_url).calls()
     finally:
         codes = supervisor.stop()
+    assert set(gateway_calls.values()) == {1}, gateway_calls  # no card charged twice
     assert supervisor.fired()[point] >= 1, f"{point} never fired"
     assert supervisor.restarts, "nothing was restarted"
     assert counts.get("completed", 0) + counts.get("compensated", 0) == ORDERS, counts

@@ -15,7 +15,7 @@ from examples.order_saga.cluster import TARGETS, Cluster
 from saga.tracing import trace_id
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory
-from tests.support.example_cluster import make_cluster
+from tests.support.example_cluster import gateway_running, make_cluster
 from tests.support.pump import Pump, services_of
 
 EXPORTER = InMemorySpanExporter()
@@ -31,7 +31,8 @@ def _sdk() -> None:
 @pytest.fixture
 def order_system(database_factory: DatabaseFactory) -> Iterator[Cluster]:
     system, names = make_cluster(database_factory, TestBroker("memory://", "memory"))
-    yield system
+    with gateway_running(system):
+        yield system
     for name in names:
         database_factory.drop(name)
 

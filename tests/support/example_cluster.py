@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from consumers import ConsumerOptions, ServiceRunner
 from examples.order_saga.cluster import SERVICES, Cluster
+from examples.order_saga.gateway import GatewayServer
 from examples.order_saga.processes import SagaProcess
 from saga.cli.loading import load_service
 from tests.support.brokers import TestBroker
@@ -19,18 +21,38 @@ def make_cluster(factory: DatabaseFactory, broker: TestBroker) -> tuple[Cluster,
     databases = {service: factory.create() for service in SERVICES}
     broker.use(*SERVICES)
     system = Cluster(
-        {s: d.url for s, d in databases.items()}, broker.url, broker.topology.queue_prefix
+        {s: d.url for s, d in databases.items()},
+        broker.url,
+        broker.topology.queue_prefix,
+        extra_env={"SAGA_SIDE_EFFECT_LEASE": "2"},  # a crashed call is taken over quickly
     )
     system.prepare()
     return system, [d.name for d in databases.values()]
 
 
 @contextmanager
+def gateway_running(system: Cluster) -> Iterator[GatewayServer]:
+    """The fake payment gateway in a thread, where this process's payments handlers find it."""
+    server = GatewayServer(system.gateway_port).start()
+    previous = os.environ.get("PAYMENT_GATEWAY_URL")
+    os.environ["PAYMENT_GATEWAY_URL"] = server.url
+    try:
+        yield server
+    finally:
+        server.stop()
+        if previous is None:
+            os.environ.pop("PAYMENT_GATEWAY_URL", None)
+        else:
+            os.environ["PAYMENT_GATEWAY_URL"] = previous
+
+
+@contextmanager
 def services_in_threads(system: Cluster, broker: TestBroker, **options: object) -> Iterator[None]:
-    """A relay and a consumer per service, as threads of this process."""
+    """The gateway, and a relay and a consumer per service, as threads of this process."""
     from examples.order_saga.cluster import TARGETS
 
     with ExitStack() as stack:
+        stack.enter_context(gateway_running(system))
         for service in SERVICES:
             db = TestDatabase(system.database_urls[service], service)
             stack.enter_context(running_relay(db, broker))

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from consumers import BatchProcessor, Delivery, Service
+from saga.effects import SideEffects
 from saga.envelope import Envelope
 
 
@@ -45,8 +46,13 @@ class Pump:
         for destination, body in pending:
             self.seen.append(Envelope.from_bytes(body))
             url, service = self.services[destination]
-            with psycopg.connect(url) as conn:
-                BatchProcessor(service).process(conn, [Delivery(body, "application/json")])
+            effects = SideEffects(url)
+            try:
+                with psycopg.connect(url) as conn:
+                    processor = BatchProcessor(service, effects=effects)
+                    processor.process(conn, [Delivery(body, "application/json")])
+            finally:
+                effects.close()
         return len(pending)
 
 

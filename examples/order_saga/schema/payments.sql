@@ -3,7 +3,8 @@ CREATE TABLE IF NOT EXISTS charges (
     id           text    NOT NULL,
     order_id     text    NOT NULL,
     amount_cents integer NOT NULL,
-    status       text    NOT NULL
+    status       text    NOT NULL,
+    gateway_id   text
 );
 CREATE INDEX IF NOT EXISTS charges_id ON charges (id);
 CREATE TABLE IF NOT EXISTS refunds (

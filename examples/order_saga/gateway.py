@@ -1,0 +1,151 @@
+"""A fake card payment gateway with a real HTTP contract, for the example and its tests.
+
+Like real gateways, it takes an idempotency key with every request and answers a
+repeated key with the original outcome. It also counts the calls per key, so a
+test can tell whether a charge was attempted twice.
+
+    python -m examples.order_saga.gateway --port 8765
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+DECLINED = "tok_declined"
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.charges: dict[str, dict[str, Any]] = {}
+        self.refunds: dict[str, dict[str, Any]] = {}
+
+
+def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            return
+
+        def _reply(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            kind, _, key = self.path.strip("/").partition("/")
+            with state.lock:
+                if kind == "calls":
+                    return self._reply(200, dict(state.calls))
+                found = {"charges": state.charges, "refunds": state.refunds}.get(kind, {}).get(key)
+            self._reply(200 if found else 404, found or {"error": "not found"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            key = body["idempotency_key"]
+            with state.lock:
+                state.calls[key] += 1
+                if self.path == "/charges":
+                    outcome = state.charges.setdefault(key, _charge(key, body, len(state.charges)))
+                else:
+                    outcome = state.refunds.setdefault(
+                        key, {"id": f"re_{len(state.refunds)}", "charge": body["charge"]}
+                    )
+            self._reply(200, outcome)
+
+    return Handler
+
+
+def _charge(key: str, body: dict[str, Any], n: int) -> dict[str, Any]:
+    status = "declined" if body["card_token"] == DECLINED else "succeeded"
+    return {"id": f"ch_{n}", "key": key, "amount_cents": body["amount_cents"], "status": status}
+
+
+class GatewayServer:
+    """The fake gateway on a local port, in a thread of this process."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.state = _State()
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self.state))
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> GatewayServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.server.shutdown()
+        self.server.server_close()
+
+
+class GatewayClient:
+    """What the payments service uses to talk to the gateway."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def charge(self, key: str, amount_cents: int, card_token: str) -> dict[str, Any]:
+        body = {"idempotency_key": key, "amount_cents": amount_cents, "card_token": card_token}
+        return self._post("/charges", body)
+
+    def find_charge(self, key: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = self._get(f"/charges/{key}")
+        return found
+
+    def refund(self, key: str, charge: str) -> dict[str, Any]:
+        return self._post("/refunds", {"idempotency_key": key, "charge": charge})
+
+    def find_refund(self, key: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = self._get(f"/refunds/{key}")
+        return found
+
+    def calls(self) -> dict[str, int]:
+        return self._get("/calls") or {}
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            result: dict[str, Any] = json.loads(response.read())
+            return result
+
+    def _get(self, path: str) -> Any:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    server = GatewayServer(args.port).start()
+    print(f"payment gateway on {server.url}", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()
