@@ -30,6 +30,7 @@ from saga.transport import Topology
 
 FIRST_PORT = 9460
 LATENCY = "saga_delivery_latency_seconds"
+BATCH_SIZE = "saga_consumer_batch_size"
 
 
 @dataclass
@@ -37,6 +38,8 @@ class Measurement:
     sagas_per_s: float
     steps_per_s: float
     latency_ms: dict[str, float]
+    #: Mean deliveries committed per consumer transaction, by service.
+    batch_mean: dict[str, float]
 
 
 class Bench:
@@ -94,7 +97,11 @@ class Bench:
             seed=self.submitted,
             prefix=f"b{self.submitted}",
         )
-        before_hist, before_steps = self._histogram(), self._steps()
+        before_hist, before_steps, before_batches = (
+            self._histogram(),
+            self._steps(),
+            self._batches(),
+        )
         started = time.monotonic()
         if rate is None:
             driver.submit(self.system, batch, per_transaction=50)
@@ -106,7 +113,13 @@ class Bench:
         after_hist = self._histogram()
         delta = {le: after_hist[le] - before_hist.get(le, 0) for le in after_hist}
         steps = self._steps() - before_steps
-        return Measurement(orders / elapsed, steps / elapsed, _percentiles(delta))
+        batch_mean = {
+            service: round(
+                (total - before_batches[service][0]) / max(1, n - before_batches[service][1]), 1
+            )
+            for service, (total, n) in self._batches().items()
+        }
+        return Measurement(orders / elapsed, steps / elapsed, _percentiles(delta), batch_mean)
 
     def consumer_rss_mb(self, service: str = "orders") -> float:
         pid = self.supervisor.processes[service].proc.pid
@@ -152,13 +165,19 @@ class Bench:
                     time.sleep(pause)
 
     def _wait_finished(self, total: int, timeout: float) -> None:
+        """Wait until no saga is unfinished (on one connection: polling must stay cheap)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            counts = driver.status_counts(self.system)
-            if counts.get("completed", 0) + counts.get("compensated", 0) >= total:
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"sagas did not finish within {timeout}s: {counts}")
+        with self.system.connect("orders", autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT count(*) FROM saga.saga_instances WHERE finished_at IS NULL"
+                ).fetchone()
+                if row is not None and row[0] == 0:
+                    break
+                time.sleep(0.1)
+        counts = driver.status_counts(self.system)
+        if counts.get("completed", 0) + counts.get("compensated", 0) < total:
+            raise RuntimeError(f"sagas did not finish within {timeout}s: {counts}")
 
     def _steps(self) -> int:
         total = 0
@@ -170,18 +189,37 @@ class Bench:
             total += int(row[0]) if row else 0
         return total
 
+    def _batches(self) -> dict[str, tuple[float, float]]:
+        """(deliveries, transactions) each consumer has committed so far."""
+        result = {}
+        for service, port in self.ports.items():
+            lines = _scrape(port)
+            result[service] = (
+                _total(lines, f"{BATCH_SIZE}_sum"),
+                _total(lines, f"{BATCH_SIZE}_count"),
+            )
+        return result
+
     def _histogram(self) -> Counter[float]:
         """Cumulative latency bucket counts summed over every consumer."""
         merged: Counter[float] = Counter()
         for port in self.ports.values():
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-            for line in text.decode().splitlines():
+            for line in _scrape(port):
                 if line.startswith(f"{LATENCY}_bucket"):
                     le = line.split('le="', 1)[1].split('"', 1)[0]
                     merged[float("inf") if le == "+Inf" else float(le)] += float(
                         line.rsplit(" ", 1)[1]
                     )
         return merged
+
+
+def _scrape(port: int) -> list[str]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    return [line for line in text.decode().splitlines() if not line.startswith("#")]
+
+
+def _total(lines: list[str], name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name))
 
 
 def _percentiles(cumulative: dict[float, float]) -> dict[str, float]:

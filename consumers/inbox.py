@@ -10,9 +10,13 @@ import psycopg
 from saga.identifiers import render
 
 _RECORD = """
-INSERT INTO {schema}.inbox (consumer, message_id) VALUES (%s, %s)
+INSERT INTO {schema}.inbox (consumer, message_id)
+SELECT %s, unnest(%s::uuid[])
 ON CONFLICT DO NOTHING
+RETURNING message_id
 """
+
+_FORGET = "DELETE FROM {schema}.inbox WHERE consumer = %s AND message_id = %s"
 
 
 class Inbox:
@@ -20,8 +24,15 @@ class Inbox:
 
     def __init__(self, schema: str) -> None:
         self._record = render(_RECORD, schema)
+        self._forget = render(_FORGET, schema)
 
-    def record(self, conn: psycopg.Connection[Any], consumer: str, message_id: UUID) -> bool:
-        """Insert the inbox row; False if this consumer already processed ``message_id``."""
-        cur = conn.execute(self._record, (consumer, message_id), prepare=True)
-        return cur.rowcount == 1
+    def record(
+        self, conn: psycopg.Connection[Any], consumer: str, message_ids: list[UUID]
+    ) -> set[UUID]:
+        """Insert inbox rows in one statement; return the ids this consumer had not processed."""
+        cur = conn.execute(self._record, (consumer, message_ids), prepare=True)
+        return {row[0] for row in cur.fetchall()}
+
+    def forget(self, conn: psycopg.Connection[Any], consumer: str, message_id: UUID) -> None:
+        """Drop the row of a message that was not processed after all (retried or dead-lettered)."""
+        conn.execute(self._forget, (consumer, message_id))

@@ -1,10 +1,12 @@
 """Handling a batch of deliveries in ONE database transaction.
 
-Per delivery, inside a savepoint: insert the inbox row ``(consumer,
-message_id)``; if it is already there, the message was processed before and
-is skipped; otherwise run the handler on the open transaction and write the
-messages it sends to the outbox. A failing handler rolls back only its own
-savepoint. The caller commits once for the whole batch, then acknowledges.
+First the inbox rows ``(consumer, message_id)`` of the whole batch, in one
+statement: a message whose row was already there was processed before and is
+skipped. Then per delivery, inside a savepoint: run the handler on the open
+transaction and write the messages it sends to the outbox. A failing handler
+rolls back only its own savepoint; a message that ends up retried later or
+dead-lettered gets its inbox row removed again. The caller commits once for the
+whole batch, then acknowledges.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel
@@ -93,8 +97,6 @@ class BatchProcessor:
         self.signing = signing
         self.effects = effects
         self._created: list[float] = []
-        #: Outbox row ids the last batch wrote (ids of rolled-back savepoints never commit).
-        self.written: list[int] = []
         self._in_batch = False
         self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
@@ -111,16 +113,21 @@ class BatchProcessor:
         several: the caller then handles the deliveries one per transaction.
         """
         self._created = []
-        self.written = []
         self._in_batch = len(deliveries) > 1
+        checked = [self._check(delivery) for delivery in deliveries]
         with conn.transaction():
             if self._in_batch and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
-            outcomes = [self._handle(conn, delivery) for delivery in deliveries]
+            fresh = self._record_inbox(conn, checked)
+            outcomes = [
+                self._handle(conn, delivery, item, fresh)
+                for delivery, item in zip(deliveries, checked, strict=True)
+            ]
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
         if self.metrics is not None:
+            self.metrics.batch_size.labels(self.service.name).observe(len(deliveries))
             committed = time.time()
             latency = self.metrics.delivery_latency.labels(self.service.name)
             for created in self._created:
@@ -147,18 +154,45 @@ class BatchProcessor:
 
     # -- one delivery --------------------------------------------------------
 
-    def _handle(self, conn: psycopg.Connection[Any], delivery: Delivery) -> Outcome:
-        started = time.perf_counter()
+    def _check(self, delivery: Delivery) -> Decoded | Rejection:
+        """Signature and decoding, before the transaction: the message, or why it is refused."""
         try:
             if self.signing is not None:
                 self._verify(delivery)
-            decoded = decode(
-                delivery.body, delivery.content_type, self.service, self.max_message_bytes
-            )
+            body, content_type = delivery.body, delivery.content_type
+            return decode(body, content_type, self.service, self.max_message_bytes)
         except Rejection as rejection:
-            outcome = self._reject(conn, delivery, rejection)
+            return rejection
+
+    def _record_inbox(
+        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection]
+    ) -> set[UUID]:
+        """Inbox rows for every decoded delivery at once; the ids not processed before."""
+        ids = [item.envelope.message_id for item in checked if isinstance(item, Decoded)]
+        if not ids:
+            return set()
+        try:
+            return self.inbox.record(conn, self.service.name, ids)
+        except LOCK_CONFLICTS as exc:  # the same message is in another consumer's open batch
+            if self._in_batch:
+                raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
+            raise
+
+    def _handle(
+        self,
+        conn: psycopg.Connection[Any],
+        delivery: Delivery,
+        item: Decoded | Rejection,
+        fresh: set[UUID],
+    ) -> Outcome:
+        started = time.perf_counter()
+        if isinstance(item, Rejection):
+            outcome = self._reject(conn, delivery, item)
+        elif item.envelope.message_id not in fresh:
+            outcome = Outcome.DUPLICATE
         else:
-            envelope = decoded.envelope
+            fresh.discard(item.envelope.message_id)  # a second copy in this batch is a duplicate
+            decoded, envelope = item, item.envelope
             self._created.append(envelope.created_at.timestamp())
             with (
                 log_context(
@@ -247,9 +281,7 @@ class BatchProcessor:
 
     def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
         envelope = decoded.envelope
-        with conn.transaction():
-            if not self.inbox.record(conn, self.service.name, envelope.message_id):
-                return Outcome.DUPLICATE
+        with _savepoint(conn):
             ctx = HandlerContext(envelope, self.service.name, self.metrics, self.effects)
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
@@ -257,7 +289,7 @@ class BatchProcessor:
         return Outcome.HANDLED
 
     def _write(self, conn: psycopg.Connection[Any], messages: list[OutgoingMessage]) -> None:
-        self.written.extend(self.outbox.add_many(conn, messages))
+        self.outbox.add_many(conn, messages)
 
     def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
         """Send the handler's return value to ``reply_to``; None becomes an :class:`Ack`."""
@@ -279,16 +311,11 @@ class BatchProcessor:
         self, conn: psycopg.Connection[Any], decoded: Decoded, failure: StepFailed
     ) -> Outcome:
         envelope = decoded.envelope
-        with conn.transaction():
-            if not self.inbox.record(conn, self.service.name, envelope.message_id):
-                return Outcome.DUPLICATE
-            ctx = HandlerContext(envelope, self.service.name)
-            reply = FailureReply(
-                reason=failure.reason, code=failure.code, failed_type=envelope.type
-            )
-            if ctx.reply(reply) is None:
-                self._dead_letter_failure(conn, decoded, failure, tries=1)
-            self._write(conn, ctx.outgoing)
+        ctx = HandlerContext(envelope, self.service.name)
+        reply = FailureReply(reason=failure.reason, code=failure.code, failed_type=envelope.type)
+        if ctx.reply(reply) is None:
+            self._dead_letter_failure(conn, decoded, failure, tries=1)
+        self._write(conn, ctx.outgoing)
         logger.info(
             "%s refused %s: %s",
             self.service.name,
@@ -307,6 +334,8 @@ class BatchProcessor:
         tries: int,
     ) -> Outcome:
         envelope = decoded.envelope
+        # Not processed: the retry (same message id) or a later replay must get through.
+        self.inbox.forget(conn, self.service.name, envelope.message_id)
         policy = decoded.spec.retry
         delay = policy.delay_after(envelope.attempt) if policy.is_retriable(exc) else None
         extra = _log_extra(decoded, self.service.name)
@@ -411,6 +440,22 @@ class BatchProcessor:
             ),
         )
         return Outcome.REJECTED
+
+
+@contextmanager
+def _savepoint(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One delivery's writes, undone alone if it fails.
+
+    Never released: a release costs a round trip per delivery, and the batch's
+    commit ends every savepoint at once.
+    """
+    conn.execute("SAVEPOINT delivery", prepare=False)
+    try:
+        yield
+    except BaseException:
+        if not conn.broken:
+            conn.execute("ROLLBACK TO SAVEPOINT delivery", prepare=False)
+        raise
 
 
 def _log_extra(decoded: Decoded, consumer: str) -> dict[str, str | None]:

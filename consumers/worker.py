@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from saga.faults import fault_point
 from saga.identifiers import validate_schema
 from saga.logcontext import log_context
 from saga.metrics import Metrics
+from saga.outbox import collect_written
 from saga.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.redact import password_of, redact_text, redact_url
 from saga.signing import KeyRing
@@ -225,8 +227,12 @@ class Worker:
         db = self._db
         assert db is not None
         deliveries = [_delivery(m) for m in messages]
+        collecting: AbstractContextManager[list[int]] = (
+            collect_written() if self.options.publish_after_commit else nullcontext([])
+        )
         try:
-            outcomes = self.processor.process(db, deliveries)
+            with collecting as written:
+                outcomes = self.processor.process(db, deliveries)
         except psycopg.OperationalError:
             raise  # the database is gone: reconnect; the broker will redeliver
         except Exception as exc:
@@ -241,19 +247,17 @@ class Worker:
             message.ack()
         fault_point("consumer.after_ack")
         self.counts.update(outcomes)
-        if self.options.publish_after_commit and self.processor.written:
-            self._publish_own(db, self.processor.written)
+        if written:
+            self._publish_own(db, written)
 
     def _publish_own(self, db: psycopg.Connection[Any], ids: list[int]) -> None:
         """Publish the rows this batch wrote, as a relay would; a relay takes any left over."""
         publisher = self._publisher
         assert publisher is not None
         with db.transaction():
-            rows = self._relay_store.claim_ids(db, ids)
-            if not rows:
-                return
-            outcome = publisher.publish(rows)
-            self._relay_store.delete(db, outcome.published)
+            rows = self._relay_store.take_ids(db, ids)
+            if rows and publisher.publish(rows).failed:
+                raise psycopg.Rollback()  # the relay publishes them (again) later
 
     def _single_failed(
         self, db: psycopg.Connection[Any], message: Message, delivery: Delivery, exc: Exception

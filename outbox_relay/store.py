@@ -21,12 +21,14 @@ LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
 
-_CLAIM_IDS = """
-SELECT id, message_id, destination, message_type, body, attempts
-FROM {schema}.outbox
-WHERE id = ANY(%s) AND deliver_after IS NULL
-ORDER BY id
-FOR UPDATE SKIP LOCKED
+_TAKE_IDS = """
+DELETE FROM {schema}.outbox
+WHERE id IN (
+    SELECT id FROM {schema}.outbox
+    WHERE id = ANY(%s) AND deliver_after IS NULL
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, message_id, destination, message_type, body, attempts
 """
 
 _DELETE = "DELETE FROM {schema}.outbox WHERE id = ANY(%s)"
@@ -80,7 +82,7 @@ class RelayStore:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self._claim = render(_CLAIM, schema)
-        self._claim_ids = render(_CLAIM_IDS, schema)
+        self._take_ids = render(_TAKE_IDS, schema)
         self._delete = render(_DELETE, schema)
         self._defer = render(_DEFER, schema)
         self._quarantine = render(_QUARANTINE, schema)
@@ -91,9 +93,13 @@ class RelayStore:
         rows = conn.execute(self._claim, (limit,), prepare=True).fetchall()
         return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
 
-    def claim_ids(self, conn: psycopg.Connection[Any], ids: list[int]) -> list[OutboxRow]:
-        """Lock the given ready rows, skipping any a relay already holds."""
-        rows = conn.execute(self._claim_ids, (ids,), prepare=True).fetchall()
+    def take_ids(self, conn: psycopg.Connection[Any], ids: list[int]) -> list[OutboxRow]:
+        """Delete and return the given ready rows in id order, skipping any a relay holds.
+
+        One statement instead of claim + delete: the caller publishes the rows and
+        rolls back if the broker refuses any, which puts them all back.
+        """
+        rows = sorted(conn.execute(self._take_ids, (ids,), prepare=True).fetchall())
         return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
 
     def delete(self, conn: psycopg.Connection[Any], ids: list[int]) -> None:

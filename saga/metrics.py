@@ -40,6 +40,8 @@ LATENCY_BUCKETS = (
     0.04, 0.05, 0.065, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
 )  # fmt: skip
 
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
 
 class Metrics:
     """The metrics of one process, in a registry of their own."""
@@ -59,6 +61,13 @@ class Metrics:
             "Time to handle one delivery (excluding the batch commit).",
             ["consumer"],
             buckets=HANDLE_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "saga_consumer_batch_size",
+            "Deliveries committed together in one consumer transaction.",
+            ["consumer"],
+            buckets=BATCH_BUCKETS,
             registry=r,
         )
         self.delivery_latency = Histogram(

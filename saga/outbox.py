@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, overload
@@ -34,6 +36,25 @@ RETURNING id
 _WAKE = "SELECT pg_notify(%s, '')"
 
 Delay = datetime | timedelta | None
+
+_collected: ContextVar[list[int] | None] = ContextVar("saga_outbox_collected", default=None)
+
+
+@contextmanager
+def collect_written() -> Iterator[list[int]]:
+    """Gather the ids of the outbox rows written in this context (thread or task).
+
+    A consumer publishes those rows itself right after its transaction commits,
+    so writes made while collecting do not wake the relays (they stay the safety
+    net, polling). Ids of rows whose savepoint rolled back are gathered too; they
+    simply never turn up.
+    """
+    ids: list[int] = []
+    token = _collected.set(ids)
+    try:
+        yield ids
+    finally:
+        _collected.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +176,7 @@ class Outbox:
     ) -> list[int]:
         """Insert several messages in one round trip (same rules as :meth:`add`).
 
-        Returns the outbox row ids (a consumer publishes them itself after it commits).
+        Returns the outbox row ids (see :func:`collect_written`).
         """
         if not messages:
             return []
@@ -171,7 +192,10 @@ class Outbox:
                     ids.extend(row[0] for row in cur.fetchall())
                     if not cur.nextset():
                         break
-            if self._should_wake():
+            collector = _collected.get()
+            if collector is not None:
+                collector.extend(ids)
+            elif self._should_wake():
                 cur.execute(_WAKE, (self._channel,))
         return ids
 

@@ -6,7 +6,7 @@ import json
 import pickle
 from pathlib import Path
 
-from consumers import Outcome
+from consumers import BatchProcessor, Delivery, Outcome
 from examples.order_saga.processes import SagaProcess, saga_env
 from saga.envelope import Envelope
 from saga.replies import FailureReply
@@ -271,3 +271,38 @@ def test_consumer_publishes_what_it_wrote_right_after_commit(
         )
         wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 1, what="left to relay")
     assert _effects(db, "hop", "slow") == 1
+
+
+def test_one_batch_commits_each_delivery_on_its_own_merits(db: TestDatabase) -> None:
+    _setup(db)
+    ping = Envelope.wrap(Ping(key="a")).to_bytes()
+    failing = Envelope.wrap(Flaky(key="f", fail_times=1000))
+    batch = [
+        Delivery(ping, JSON),
+        Delivery(ping, JSON),  # a second copy in the same batch
+        Delivery(Envelope.wrap(Refuse(key="r")).to_bytes(), JSON),
+        Delivery(failing.to_bytes(), JSON),
+        Delivery(Envelope.wrap(Ping(key="b")).to_bytes(), JSON),
+        Delivery(b"junk", JSON),
+    ]
+    processor = BatchProcessor(service)
+    with db.connect(autocommit=False) as conn:
+        outcomes = processor.process(conn, batch)
+        assert outcomes == [
+            Outcome.HANDLED,
+            Outcome.DUPLICATE,
+            Outcome.BUSINESS_FAILURE,
+            Outcome.RETRY_SCHEDULED,
+            Outcome.HANDLED,
+            Outcome.REJECTED,
+        ]
+        # the retry carries the same message id: its inbox row went, so it gets through
+        retry = Delivery(failing.with_headers(attempt="2").to_bytes(), JSON)
+        assert processor.process(conn, [retry]) == [Outcome.RETRY_SCHEDULED]
+    assert [_effects(db, "ping", k) for k in ("a", "b")] == [1, 1]
+    assert db.scalar("SELECT count(*) FROM effects WHERE kind <> 'ping'") == 0
+    assert db.scalar("SELECT count(*) FROM saga.inbox") == 3  # a, b and the refusal
+    assert (
+        db.scalar("SELECT count(*) FROM saga.outbox WHERE message_id = %s", (failing.message_id,))
+        == 2
+    )

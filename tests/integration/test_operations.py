@@ -292,6 +292,8 @@ def test_metrics_match_the_database(db: TestDatabase, rabbit: TestBroker) -> Non
     handled = runner_metrics.handled.labels(service.name, "handled")._value.get()
     rejected = runner_metrics.dead_lettered.labels(service.name, "rejected")._value.get()
     assert (handled, rejected) == (1, 1)
+    # both deliveries were committed, together or one per transaction
+    assert runner_metrics.batch_size.labels(service.name)._sum.get() == 2
 
 
 def test_prune_keeps_the_dedup_window(db: TestDatabase, rabbit: TestBroker) -> None:
