@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test lint unit bench chaos clean
+.PHONY: install demo test lint unit bench profile chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ unit: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,demo,bench]'
 	$(BIN)/python -m bench.run
+
+# CPU per saga of every process at full load; add stacks: make profile PROFILE_ARGS="--py-spy orders"
+profile: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,demo,bench]'
+	$(BIN)/python -m bench.profile $(PROFILE_ARGS)
 
 # A few minutes of faults against the example (restarts local PostgreSQL and RabbitMQ).
 # Longer: make chaos CHAOS_ARGS="--sagas 3000 --duration 900"

@@ -130,7 +130,7 @@ def _short(frame: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sagas", type=int, default=4_000, help="orders submitted at once")
-    parser.add_argument("--concurrency", type=int, default=4, help="orchestrator worker threads")
+    parser.add_argument("--concurrency", type=int, default=1, help="orchestrator worker threads")
     parser.add_argument(
         "--py-spy", action="append", default=[], metavar="SERVICE", help="sample this process"
     )

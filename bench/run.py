@@ -210,7 +210,7 @@ def main() -> None:
         help="history rows for the growth run (0: skip)",
     )
     parser.add_argument(
-        "--concurrency", type=int, default=4, help="worker threads of the orchestrator (orders)"
+        "--concurrency", type=int, default=1, help="worker threads of the orchestrator (orders)"
     )
     parser.add_argument("--only-sagas", action="store_true", help="measure the saga runs alone")
     args = parser.parse_args()

@@ -115,6 +115,13 @@ def consume(
     prefetch: Annotated[
         int, typer.Option(help="Deliveries taken at once; also the largest batch per transaction.")
     ] = 100,
+    publish_after_commit: Annotated[
+        bool,
+        typer.Option(
+            help="Publish the messages a batch wrote right after it commits (the relay is the "
+            "safety net); off: the relays publish everything."
+        ),
+    ] = True,
     metrics_port: MetricsPortOption = None,
     heartbeat: HeartbeatOption = None,
     log_level: LogLevelOption = "INFO",
@@ -142,6 +149,7 @@ def consume(
             prefetch=prefetch,
             signing=settings.key_ring(),
             side_effect_lease=settings.side_effect_lease,
+            publish_after_commit=publish_after_commit,
         ),
         Topology(queue_prefix=queue_prefix),
         metrics=_metrics(metrics_port, settings),
