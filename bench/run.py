@@ -23,6 +23,7 @@ from bench import (
     relay_throughput,
     report,
     saga_e2e,
+    three_step_saga,
 )
 from bench.environment import machine
 
@@ -106,6 +107,20 @@ def _dbos(args: argparse.Namespace, figures: Figures) -> Row:
         f"{rate:,.0f} workflows/s",
         f"{_steps(rate, figures)}; workflows/s by processes x threads: {_sweep(sweep)}",
     )
+
+
+def _three_steps(args: argparse.Namespace, figures: Figures) -> Row:
+    """The like-for-like figure: the peers' workload as a saga."""
+    name = "saga of 3 remote steps doing the peers' writes (2 services, 2 relays)"
+    rate, failed = _attempt(
+        f"three-step sagas: {args.sagas}", lambda: three_step_saga.sagas_per_s(args.sagas)
+    )
+    if rate is None:
+        return name, "not measured", failed
+    figures["three_step_sagas_per_s"] = round(rate, 1)
+    peers = (("celery_chains_per_s", "Celery chains"), ("dbos_workflows_per_s", "DBOS"))
+    versus = [f"{rate / figures[key]:.1f}x {peer}" for key, peer in peers if figures.get(key)]
+    return name, f"{rate:,.0f} sagas/s", "; ".join([*versus, "every step deduplicated, via outbox"])
 
 
 def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
@@ -257,6 +272,7 @@ def main() -> None:
         ("raw kombu publish, no confirms", f"{none:,.0f} msg/s", "not durable"),
     ]
     rows += [_ceiling(args, figures), _celery(args, figures), _dbos(args, figures)]
+    rows.append(_three_steps(args, figures))
     rows += _sagas(args, figures)
     path = report.write(figures, rows, machine())
     console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)

@@ -165,16 +165,7 @@ class Bench:
                     time.sleep(pause)
 
     def _wait_finished(self, total: int, timeout: float) -> None:
-        """Wait until no saga is unfinished (on one connection: polling must stay cheap)."""
-        deadline = time.monotonic() + timeout
-        with self.system.connect("orders", autocommit=True) as conn:
-            while time.monotonic() < deadline:
-                row = conn.execute(
-                    "SELECT count(*) FROM saga.saga_instances WHERE finished_at IS NULL"
-                ).fetchone()
-                if row is not None and row[0] == 0:
-                    break
-                time.sleep(0.1)
+        wait_until_finished(self.system.database_urls["orders"], timeout)
         counts = driver.status_counts(self.system)
         if counts.get("completed", 0) + counts.get("compensated", 0) < total:
             raise RuntimeError(f"sagas did not finish within {timeout}s: {counts}")
@@ -211,6 +202,19 @@ class Bench:
                         line.rsplit(" ", 1)[1]
                     )
         return merged
+
+
+def wait_until_finished(database_url: str, timeout: float) -> None:
+    """Poll (on one connection: polling must stay cheap) until no saga is unfinished."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM saga.saga_instances WHERE finished_at IS NULL"
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                return
+            time.sleep(0.1)
 
 
 def _scrape(port: int) -> list[str]:
