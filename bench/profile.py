@@ -1,7 +1,9 @@
-"""``make profile``: where the CPU goes while the order saga runs at full load.
+"""``make profile``: where the CPU goes while sagas run at full load.
 
-Runs the same system as ``make bench`` (four services, four relays, the payment
-gateway, all separate processes), submits a batch of orders, and reads every
+Runs a system of ``make bench``: the example order saga (four services, four
+relays, the payment gateway) or, with ``--workload three-step``, the saga of
+three steps doing the peers' writes; all separate processes. Starts a batch of
+sagas and reads every
 process's CPU time from ``/proc`` before and after: CPU milliseconds per saga
 for each service, each relay, PostgreSQL (all its processes), RabbitMQ and the
 driver, plus how busy the machine was. With ``--py-spy SERVICE`` it also
@@ -23,7 +25,8 @@ from pathlib import Path
 
 from bench import report
 from bench.environment import machine
-from bench.saga_e2e import Bench
+from bench.saga_e2e import Bench, Measurement
+from bench.three_step_saga import ThreeStepBench
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -59,7 +62,7 @@ def _machine_busy() -> tuple[float, float]:
 class CpuSnapshot:
     """CPU seconds per component at one moment."""
 
-    def __init__(self, bench: Bench) -> None:
+    def __init__(self, bench: Bench | ThreeStepBench) -> None:
         self.by_component: Counter[str] = Counter()
         for name, process in bench.supervisor.processes.items():
             self.by_component[name] += _process_cpu(process.proc.pid)
@@ -129,15 +132,25 @@ def _short(frame: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sagas", type=int, default=4_000, help="orders submitted at once")
-    parser.add_argument("--concurrency", type=int, default=1, help="orchestrator worker threads")
+    parser.add_argument(
+        "--workload",
+        choices=("order", "three-step"),
+        default="order",
+        help="the example order saga, or three steps doing the peers' writes",
+    )
+    parser.add_argument("--sagas", type=int, default=4_000, help="sagas started at once")
+    parser.add_argument("--concurrency", type=int, default=1, help="worker threads per consumer")
     parser.add_argument(
         "--py-spy", action="append", default=[], metavar="SERVICE", help="sample this process"
     )
     parser.add_argument("--top", type=int, default=15, help="functions listed per sampled process")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        bench = Bench(Path(work), orchestrator_concurrency=args.concurrency)
+        bench: Bench | ThreeStepBench
+        if args.workload == "order":
+            bench = Bench(Path(work), orchestrator_concurrency=args.concurrency)
+        else:
+            bench = ThreeStepBench(Path(work), concurrency=args.concurrency)
         try:
             bench.measure(300)  # warm up
             samplers = {
@@ -151,12 +164,13 @@ def main() -> None:
         finally:
             bench.close()
     rows = _cpu_rows(before, after, args.sagas, elapsed)
-    rows += [
-        (f"batching: {service}", f"{mean:.1f} deliveries per transaction", "")
-        for service, mean in measured.batch_mean.items()
-    ]
+    if isinstance(measured, Measurement):
+        rows += [
+            (f"batching: {service}", f"{mean:.1f} deliveries per transaction", "")
+            for service, mean in measured.batch_mean.items()
+        ]
     figures = {
-        "sagas_per_s": round(measured.sagas_per_s, 1),
+        "sagas_per_s": round(args.sagas / elapsed, 1),
         "cpu_ms_per_saga": round(1000 * (after.busy - before.busy) / args.sagas, 2),
         "machine_busy_share": round((after.busy - before.busy) / (after.total - before.total), 3),
     }

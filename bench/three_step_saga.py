@@ -11,7 +11,6 @@ must be in ``step_log``.
 from __future__ import annotations
 
 import random
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -32,48 +31,61 @@ WARM_UP = 200
 PER_TRANSACTION = 50
 
 
-def sagas_per_s(count: int) -> float:
-    """Sagas per second at full load, each three steps of the peers' writes."""
-    run_id = uuid.uuid4().hex[:6]
-    prefix = f"bench{run_id}."
-    home = ScratchDatabase.create(f"bench_{run_id}_runs")
-    steps = ScratchDatabase.create(f"bench_{run_id}_steps")
-    try:
-        create_tables(steps.url)
+class ThreeStepBench:
+    """The two services and their relays, running on scratch databases until closed."""
+
+    def __init__(self, work_dir: Path, concurrency: int = 1) -> None:
+        run_id = uuid.uuid4().hex[:6]
+        self.prefix = f"bench{run_id}."
+        self.home = ScratchDatabase.create(f"bench_{run_id}_runs")
+        self.steps = ScratchDatabase.create(f"bench_{run_id}_steps")
+        create_tables(self.steps.url)
         commands = []
-        for name, database, target in (("runs", home, "registry"), ("steps", steps, "service")):
-            env = saga_env(database.url, AMQP_URL, prefix)
+        for name, database, target in (
+            ("runs", self.home, "registry"),
+            ("steps", self.steps, "service"),
+        ):
+            env = saga_env(database.url, AMQP_URL, self.prefix)
             commands.append((f"{name}-relay", ["relay"], env))
-            commands.append((name, ["consume", f"{APP}:{target}"], env))
-        with tempfile.TemporaryDirectory() as logs:
-            supervisor = Supervisor(commands, Path(logs))
-            try:
-                _start(home.url, range(WARM_UP))
-                wait_until_finished(home.url, timeout=120)
-                started = time.monotonic()
-                _start(home.url, range(WARM_UP, WARM_UP + count))
-                wait_until_finished(home.url, timeout=600)
-                elapsed = time.monotonic() - started
-            finally:
-                supervisor.stop()
-        done = finished(steps.url, 3)
-        if done != WARM_UP + count:
-            raise RuntimeError(f"{done} sagas reached their third step, not {WARM_UP + count}")
+            consume = ["consume", f"{APP}:{target}", "--concurrency", str(concurrency)]
+            commands.append((name, consume, env))
+        self.supervisor = Supervisor(commands, work_dir)
+        self.started = 0
+
+    def measure(self, count: int) -> float:
+        """Start ``count`` sagas, wait for all of them; sagas per second."""
+        began = time.monotonic()
+        rng = random.Random(self.started)
+        runs = range(self.started, self.started + count)
+        with psycopg.connect(self.home.url) as conn:
+            for first in range(runs.start, runs.stop, PER_TRANSACTION):
+                with conn.transaction():
+                    for run in range(first, min(first + PER_TRANSACTION, runs.stop)):
+                        accounts = [rng.randint(1, ACCOUNTS) for _ in range(3)]
+                        three_steps.start(conn, Run(run=run, accounts=accounts))
+        self.started += count
+        wait_until_finished(self.home.url, timeout=600)
+        elapsed = time.monotonic() - began
+        done = finished(self.steps.url, 3)
+        if done != self.started:
+            raise RuntimeError(f"{done} sagas reached their third step, not {self.started}")
         return count / elapsed
-    finally:
-        home.drop()
-        steps.drop()
+
+    def close(self) -> None:
+        self.supervisor.stop()
+        self.home.drop()
+        self.steps.drop()
         with Connection(AMQP_URL) as conn:
             channel = conn.channel()
             for queue in ("runs", "steps"):
-                Topology(queue_prefix=prefix).queue(queue)(channel).delete()
+                Topology(queue_prefix=self.prefix).queue(queue)(channel).delete()
 
 
-def _start(database_url: str, runs: range) -> None:
-    rng = random.Random(runs.start)
-    with psycopg.connect(database_url) as conn:
-        for first in range(runs.start, runs.stop, PER_TRANSACTION):
-            with conn.transaction():
-                for run in range(first, min(first + PER_TRANSACTION, runs.stop)):
-                    accounts = [rng.randint(1, ACCOUNTS) for _ in range(3)]
-                    three_steps.start(conn, Run(run=run, accounts=accounts))
+def sagas_per_s(count: int, work_dir: Path, concurrency: int = 1) -> float:
+    """Sagas per second at full load, each three steps of the peers' writes."""
+    bench = ThreeStepBench(work_dir, concurrency)
+    try:
+        bench.measure(WARM_UP)
+        return bench.measure(count)
+    finally:
+        bench.close()
