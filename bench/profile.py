@@ -8,7 +8,7 @@ process's CPU time from ``/proc`` before and after: CPU milliseconds per saga
 for each service, each relay, PostgreSQL (all its processes), RabbitMQ and the
 driver, plus how busy the machine was. With ``--py-spy SERVICE`` it also
 samples that service's Python stacks (py-spy) and lists the functions that take
-its time. Results go to ``bench/results/profile-latest.md``.
+its time. Results go to ``bench/results/profile-<workload>-latest.md``.
 """
 
 from __future__ import annotations
@@ -141,6 +141,9 @@ def main() -> None:
     parser.add_argument("--sagas", type=int, default=4_000, help="sagas started at once")
     parser.add_argument("--concurrency", type=int, default=1, help="worker threads per consumer")
     parser.add_argument(
+        "--orchestrators", type=int, default=1, help="consumer processes of the saga's home"
+    )
+    parser.add_argument(
         "--py-spy", action="append", default=[], metavar="SERVICE", help="sample this process"
     )
     parser.add_argument("--top", type=int, default=15, help="functions listed per sampled process")
@@ -148,9 +151,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         bench: Bench | ThreeStepBench
         if args.workload == "order":
-            bench = Bench(Path(work), orchestrator_concurrency=args.concurrency)
+            bench = Bench(Path(work), args.concurrency, args.orchestrators)
         else:
-            bench = ThreeStepBench(Path(work), concurrency=args.concurrency)
+            bench = ThreeStepBench(Path(work), args.concurrency, args.orchestrators)
         try:
             bench.measure(300)  # warm up
             samplers = {
@@ -179,7 +182,7 @@ def main() -> None:
             (f"{name}: {function}", f"{own:.1%} self", f"{inclusive:.1%} with callees")
             for function, own, inclusive in hot_functions(sampled, args.top)
         ]
-    path = report.write(figures, rows, machine(), name="profile")
+    path = report.write(figures, rows, machine(), name=f"profile-{args.workload}")
     print(path.read_text())
 
 

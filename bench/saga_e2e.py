@@ -45,7 +45,9 @@ class Measurement:
 class Bench:
     """A running example system on scratch databases, to measure repeatedly."""
 
-    def __init__(self, work_dir: Path, orchestrator_concurrency: int = 1) -> None:
+    def __init__(
+        self, work_dir: Path, orchestrator_concurrency: int = 1, orchestrators: int = 1
+    ) -> None:
         self.run_id = uuid.uuid4().hex[:6]
         self.databases = {s: ScratchDatabase.create(f"bench_{self.run_id}_{s}") for s in SERVICES}
         self.system = Cluster(
@@ -54,16 +56,19 @@ class Bench:
             queue_prefix=f"bench{self.run_id}.",
         )
         self.system.prepare()
-        self.ports = {s: FIRST_PORT + i for i, s in enumerate(SERVICES)}
+        # one consumer process per service, ``orchestrators`` of them for orders
+        names = [f"orders-{i + 1}" for i in range(1, orchestrators)]
+        consumers = [(s, s) for s in SERVICES] + [(name, "orders") for name in names]
+        self.ports = {name: FIRST_PORT + i for i, (name, _) in enumerate(consumers)}
         commands = [self.system.gateway_command()]
         for service in SERVICES:
-            env = self.system.env(service)
-            commands.append((f"{service}-relay", ["relay"], env))
+            commands.append((f"{service}-relay", ["relay"], self.system.env(service)))
+        for name, service in consumers:
             consumer = [
-                "consume", TARGETS[service], "--metrics-port", str(self.ports[service]),
+                "consume", TARGETS[service], "--metrics-port", str(self.ports[name]),
                 "--concurrency", str(orchestrator_concurrency if service == "orders" else 1),
             ]  # fmt: skip
-            commands.append((service, consumer, env))
+            commands.append((name, consumer, self.system.env(service)))
         self.supervisor = Supervisor(commands, work_dir)
         self._wait_for_metrics()
         self.submitted = 0
