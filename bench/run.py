@@ -173,7 +173,7 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
         (
             "commit-to-consume latency, full load",
             _latency(full),
-            "from a message's creation to the commit of its consumer's transaction",
+            "from the commit of a message's outbox row to the commit of its consumer's transaction",
         ),
         (
             f"commit-to-consume latency, half load ({half.sagas_per_s:,.0f} sagas/s)",

@@ -3,10 +3,12 @@
 Full load: orders submitted as fast as one driver can start them (50 per
 transaction); sagas/s from the first submit to the last saga finished, and
 step transactions/s (deliveries handled and committed, counted from every
-inbox). Latency: from the creation of a message (its envelope, written in the
-sender's transaction just before it commits) to the commit of the consumer's
-transaction that handled it, read from every consumer's
-``saga_delivery_latency_seconds`` histogram. Half load: the same, with orders
+inbox). Latency: from the commit of a message's outbox row to the commit of the
+consumer's transaction that handled it, read from every consumer's
+``saga_delivery_latency_seconds`` histogram. A consumer that publishes its rows
+right after committing stamps the commit time on them; for rows a relay
+published (the saga starts, written by the driver) the clock starts earlier, at
+the message's creation, which overstates their latency. Half load: the same, with orders
 paced at half the full-load rate.
 """
 

@@ -30,6 +30,7 @@ from consumers.decoding import Decoded, Rejection, decode
 from consumers.inbox import Inbox
 from consumers.retry import BatchConflict
 from consumers.service import Service
+from outbox_relay.publisher import COMMITTED_AT_HEADER
 from saga import tracing
 from saga.dead_letters import DeadLetter, DeadLetterStore
 from saga.effects import SideEffects
@@ -193,7 +194,7 @@ class BatchProcessor:
         else:
             fresh.discard(item.envelope.message_id)  # a second copy in this batch is a duplicate
             decoded, envelope = item, item.envelope
-            self._created.append(envelope.created_at.timestamp())
+            self._created.append(_sent_at(delivery, envelope.created_at.timestamp()))
             with (
                 log_context(
                     consumer=self.service.name,
@@ -440,6 +441,16 @@ class BatchProcessor:
             ),
         )
         return Outcome.REJECTED
+
+
+def _sent_at(delivery: Delivery, created_at: float) -> float:
+    """When the message's outbox row committed, if its publisher said so; else its creation
+    (earlier: an overestimate of the latency, for messages a relay published)."""
+    stamp = (delivery.headers or {}).get(COMMITTED_AT_HEADER)
+    try:
+        return float(stamp) if stamp is not None else created_at
+    except (TypeError, ValueError):
+        return created_at
 
 
 @contextmanager

@@ -233,6 +233,7 @@ class Worker:
         try:
             with collecting as written:
                 outcomes = self.processor.process(db, deliveries)
+            committed_at = time.time()
         except psycopg.OperationalError:
             raise  # the database is gone: reconnect; the broker will redeliver
         except Exception as exc:
@@ -247,7 +248,7 @@ class Worker:
         fault_point("consumer.after_ack")
         self.counts.update(outcomes)
         if written:
-            self._publish_own(db, written)
+            self._publish_own(db, written, committed_at)
 
     def _ack(self, messages: list[Message]) -> None:
         """Acknowledge a committed batch: on AMQP one frame for all of it.
@@ -262,13 +263,15 @@ class Worker:
         for message in messages:
             message.ack()
 
-    def _publish_own(self, db: psycopg.Connection[Any], ids: list[int]) -> None:
+    def _publish_own(
+        self, db: psycopg.Connection[Any], ids: list[int], committed_at: float
+    ) -> None:
         """Publish the rows this batch wrote, as a relay would; a relay takes any left over."""
         publisher = self._publisher
         assert publisher is not None
         with db.transaction():
             rows = self._relay_store.take_ids(db, ids)
-            if rows and publisher.publish(rows).failed:
+            if rows and publisher.publish(rows, committed_at).failed:
                 raise psycopg.Rollback()  # the relay publishes them (again) later
 
     def _single_failed(

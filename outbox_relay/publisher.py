@@ -26,6 +26,9 @@ from saga.transport import Topology
 
 logger = logging.getLogger(__name__)
 
+#: When the message's outbox row was committed (epoch seconds), where the publisher knows it.
+COMMITTED_AT_HEADER = "committed_at"
+
 
 @dataclass(slots=True)
 class PublishOutcome:
@@ -68,8 +71,14 @@ class BatchPublisher:
         self._producer = None
         self._declared.clear()
 
-    def publish(self, rows: Sequence[OutboxRow]) -> PublishOutcome:
-        """Publish ``rows`` durably; raise on connection loss (nothing is then known)."""
+    def publish(
+        self, rows: Sequence[OutboxRow], committed_at: float | None = None
+    ) -> PublishOutcome:
+        """Publish ``rows`` durably; raise on connection loss (nothing is then known).
+
+        ``committed_at`` (epoch seconds) is when the rows' transaction committed, if the
+        caller knows it: it travels in the ``committed_at`` header, for latency metrics.
+        """
         outcome = PublishOutcome()
         sendable: list[OutboxRow] = []
         for row in rows:
@@ -86,12 +95,12 @@ class BatchPublisher:
         self._returned.clear()
         if self._is_amqp:
             for row in sendable:
-                self._publish_one(producer, row)
+                self._publish_one(producer, row, committed_at)
             self._channel.tx_commit()
         else:
             with producer.batch(max_size=max(1, len(sendable))):
                 for row in sendable:
-                    self._publish_one(producer, row)
+                    self._publish_one(producer, row, committed_at)
         for row in sendable:
             if str(row.message_id) in self._returned:
                 outcome.failed[row.id] = (
@@ -116,7 +125,7 @@ class BatchPublisher:
             )
         return self._producer
 
-    def _publish_one(self, producer: Producer, row: OutboxRow) -> None:
+    def _publish_one(self, producer: Producer, row: OutboxRow, committed_at: float | None) -> None:
         if self.declare_queues and row.destination not in self._declared:
             self.topology.queue(row.destination).declare(channel=self._channel)
             self._declared.add(row.destination)
@@ -131,6 +140,7 @@ class BatchPublisher:
             message_id=str(row.message_id),
             headers={
                 "message_type": row.message_type,
+                **({COMMITTED_AT_HEADER: f"{committed_at:.6f}"} if committed_at else {}),
                 **(self.signing.sign(row.body) if self.signing else {}),
             },
             retry=False,

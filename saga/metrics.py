@@ -72,7 +72,8 @@ class Metrics:
         )
         self.delivery_latency = Histogram(
             "saga_delivery_latency_seconds",
-            "From a message's creation (in its sender's transaction) to the commit of the "
+            "From the commit of a message's outbox row (stamped by a consumer that published "
+            "it right after committing; else the message's creation) to the commit of the "
             "transaction that handled it.",
             ["consumer"],
             buckets=LATENCY_BUCKETS,

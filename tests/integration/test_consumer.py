@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from pathlib import Path
 
 from consumers import BatchProcessor, Delivery, Outcome
@@ -81,6 +82,8 @@ def test_business_failure_undoes_handler_writes_and_replies(
     assert reply.type == "saga.FailureReply"
     assert reply.causation_id == envelope.message_id
     assert FailureReply.model_validate(reply.payload).reason == "refusing r1"
+    # the consumer stamps when the reply's row committed (for commit-to-commit latency)
+    assert reply.created_at.timestamp() <= float(message.headers["committed_at"]) <= time.time()
 
 
 def test_return_value_is_sent_to_reply_to(db: TestDatabase, rabbit: TestBroker) -> None:
