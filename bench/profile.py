@@ -77,9 +77,11 @@ class CpuSnapshot:
 class StackSampler:
     """py-spy sampling one process until stopped; returns collapsed stacks."""
 
-    def __init__(self, pid: int, out: Path) -> None:
+    def __init__(self, pid: int, out: Path, *, idle: bool = False) -> None:
         self.out = out
         command = [_py_spy(), "record", "--pid", str(pid), "--format", "raw", "--rate", "200"]
+        if idle:  # wall clock: waiting threads are sampled too
+            command.append("--idle")
         self.proc = subprocess.Popen(
             [*command, "--nonblocking", "--output", str(out)],
             stdout=subprocess.DEVNULL,
@@ -146,6 +148,9 @@ def main() -> None:
     parser.add_argument(
         "--py-spy", action="append", default=[], metavar="SERVICE", help="sample this process"
     )
+    parser.add_argument(
+        "--idle", action="store_true", help="sample waiting threads too (wall clock, not CPU)"
+    )
     parser.add_argument("--top", type=int, default=15, help="functions listed per sampled process")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
@@ -157,7 +162,9 @@ def main() -> None:
         try:
             bench.measure(300)  # warm up
             samplers = {
-                name: StackSampler(bench.supervisor.processes[name].proc.pid, Path(work, name))
+                name: StackSampler(
+                    bench.supervisor.processes[name].proc.pid, Path(work, name), idle=args.idle
+                )
                 for name in args.py_spy
             }
             before, started = CpuSnapshot(bench), time.monotonic()
