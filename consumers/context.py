@@ -8,12 +8,10 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from saga.effects import SideEffects
-from saga.envelope import Envelope
+from saga.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
 from saga.errors import ConfigurationError
 from saga.metrics import Metrics
 from saga.outbox import OutgoingMessage
-
-IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 
 
 class HandlerContext:

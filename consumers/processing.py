@@ -30,11 +30,10 @@ from consumers.decoding import Decoded, Rejection, decode
 from consumers.inbox import Inbox
 from consumers.retry import BatchConflict
 from consumers.service import Service
-from outbox_relay.publisher import COMMITTED_AT_HEADER
 from saga import tracing
 from saga.dead_letters import DeadLetter, DeadLetterStore
 from saga.effects import SideEffects
-from saga.envelope import ATTEMPT_HEADER
+from saga.envelope import ATTEMPT_HEADER, COMMITTED_AT_HEADER, STEP_HEADER
 from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
 from saga.faults import fault_point
 from saga.logcontext import log_context
@@ -172,12 +171,8 @@ class BatchProcessor:
         ids = [item.envelope.message_id for item in checked if isinstance(item, Decoded)]
         if not ids:
             return set()
-        try:
+        with self._conflicts_end_the_batch():  # the same message in another open batch
             return self.inbox.record(conn, self.service.name, ids)
-        except LOCK_CONFLICTS as exc:  # the same message is in another consumer's open batch
-            if self._in_batch:
-                raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
-            raise
 
     def _handle(
         self,
@@ -200,7 +195,7 @@ class BatchProcessor:
                     consumer=self.service.name,
                     message_id=envelope.message_id,
                     saga_id=envelope.saga_id,
-                    step=envelope.headers.get("step"),
+                    step=envelope.headers.get(STEP_HEADER),
                 ),
                 tracing.span(
                     f"{self.service.name} handle {envelope.type}",
@@ -272,13 +267,19 @@ class BatchProcessor:
         elif outcome is Outcome.REJECTED:
             metrics.dead_lettered.labels(consumer, "rejected").inc()
 
-    def _conflict_aware(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
+    @contextmanager
+    def _conflicts_end_the_batch(self) -> Iterator[None]:
+        """In a batch of several, a lock conflict becomes :class:`BatchConflict`."""
         try:
-            return self._attempt(conn, decoded)
+            yield
         except LOCK_CONFLICTS as exc:
             if self._in_batch:
                 raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
             raise
+
+    def _conflict_aware(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
+        with self._conflicts_end_the_batch():
+            return self._attempt(conn, decoded)
 
     def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
         envelope = decoded.envelope
@@ -286,11 +287,8 @@ class BatchProcessor:
             ctx = HandlerContext(envelope, self.service.name, self.metrics, self.effects)
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
-            self._write(conn, ctx.outgoing)
+            self.outbox.add_many(conn, ctx.outgoing)
         return Outcome.HANDLED
-
-    def _write(self, conn: psycopg.Connection[Any], messages: list[OutgoingMessage]) -> None:
-        self.outbox.add_many(conn, messages)
 
     def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
         """Send the handler's return value to ``reply_to``; None becomes an :class:`Ack`."""
@@ -316,7 +314,7 @@ class BatchProcessor:
         reply = FailureReply(reason=failure.reason, code=failure.code, failed_type=envelope.type)
         if ctx.reply(reply) is None:
             self._dead_letter_failure(conn, decoded, failure, tries=1)
-        self._write(conn, ctx.outgoing)
+        self.outbox.add_many(conn, ctx.outgoing)
         logger.info(
             "%s refused %s: %s",
             self.service.name,
@@ -350,7 +348,7 @@ class BatchProcessor:
                 }
             )
             try:
-                self._write(conn, [OutgoingMessage(retry, self.service.name, delay)])
+                self.outbox.add_many(conn, [OutgoingMessage(retry, self.service.name, delay)])
             except MessageTooLarge:
                 pass  # the headers pushed it over the cap: dead-letter it instead
             else:
@@ -382,7 +380,7 @@ class BatchProcessor:
         ctx = HandlerContext(decoded.envelope, self.service.name)
         failure = FailureReply(reason=reason, code=DEAD_LETTERED, failed_type=decoded.envelope.type)
         if ctx.reply(failure) is not None:
-            self._write(conn, ctx.outgoing)
+            self.outbox.add_many(conn, ctx.outgoing)
 
     def _dead_letter_failure(
         self,

@@ -63,23 +63,11 @@ class RetryPolicy:
     def is_retriable(self, exc: BaseException) -> bool:
         return not isinstance(exc, (StepFailed, BatchConflict, *self.never_retry))
 
-    def immediate(self) -> Retrying:
-        """A tenacity controller for the in-process tries of one delivery."""
-        return Retrying(
-            stop=stop_after_attempt(self.immediate_attempts),
-            wait=wait_exponential(
-                multiplier=self.immediate_initial_wait, max=self.immediate_max_wait
-            )
-            + wait_random(0, self.immediate_initial_wait),
-            retry=retry_if_exception(self.is_retriable),
-            reraise=True,
-        )
-
     def retries(self) -> Retrying:
         """A tenacity controller for the tries after a failed first one.
 
-        It waits before its first try too, so the backoff between every two tries
-        is the same as with :meth:`immediate`.
+        It waits before its first try too, so every two tries of a delivery are
+        apart by exponential backoff (initial wait, doubling, capped) with jitter.
         """
         first_wait = self.immediate_initial_wait
         return Retrying(

@@ -20,14 +20,11 @@ from typing import Any
 from kombu import Connection, Producer
 
 from outbox_relay.store import OutboxRow
-from saga.envelope import CONTENT_ENCODING, CONTENT_TYPE
+from saga.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE
 from saga.signing import KeyRing
 from saga.transport import Topology
 
 logger = logging.getLogger(__name__)
-
-#: When the message's outbox row was committed (epoch seconds), where the publisher knows it.
-COMMITTED_AT_HEADER = "committed_at"
 
 
 @dataclass(slots=True)

@@ -21,6 +21,16 @@ CONTENT_ENCODING = "utf-8"
 #: Header carrying how many times this message has been tried (ours, not the broker's).
 ATTEMPT_HEADER = "attempt"
 
+#: Header naming the saga step a command or timer belongs to.
+STEP_HEADER = "step"
+
+#: Header carrying the key a participant uses to make a step's effect idempotent.
+IDEMPOTENCY_KEY_HEADER = "idempotency_key"
+
+#: Broker header (not part of the signed body): when the message's outbox row committed,
+#: in epoch seconds, where its publisher knows it. For latency metrics only.
+COMMITTED_AT_HEADER = "committed_at"
+
 
 def message_type_of(model: type[BaseModel] | BaseModel) -> str:
     """The wire name of a message class: ``message_type`` if it sets one, else its class name."""

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from saga.dead_letters import DeadLetter
 from saga.definition import COMPENSATE, RETRY, LocalStep, RemoteStep, Saga, Step, WaitStep
-from saga.envelope import Envelope
+from saga.envelope import IDEMPOTENCY_KEY_HEADER, STEP_HEADER, Envelope
 from saga.errors import (
     ConfigurationError,
     SagaDataTooLarge,
@@ -44,9 +44,6 @@ if TYPE_CHECKING:
     from saga.orchestrator import Orchestrator
 
 logger = logging.getLogger(__name__)
-
-STEP_HEADER = "step"
-IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 
 
 def now() -> datetime:

@@ -95,8 +95,8 @@ class Orchestrator:
         envelope: Envelope,
         metrics: Metrics | None = None,
     ) -> None:
-        record, saga = self._waiting(tx, envelope.saga_id, envelope.causation_id, envelope)
-        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
+        record = self._waiting(tx, envelope.saga_id, envelope.causation_id, envelope)
+        run = self._run(tx, record, envelope, metrics)
         if isinstance(reply, FailureReply):
             run.on_failure(reply)
         else:
@@ -110,8 +110,8 @@ class Orchestrator:
         envelope: Envelope,
         metrics: Metrics | None = None,
     ) -> None:
-        record, saga = self._waiting(tx, timer.saga_id, envelope.message_id, envelope)
-        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
+        record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope)
+        run = self._run(tx, record, envelope, metrics)
         run.on_timer(timer)
         run.commit()
 
@@ -119,8 +119,7 @@ class Orchestrator:
         self, tx: psycopg.Connection[Any], signal: Signal, metrics: Metrics | None = None
     ) -> None:
         record = self._load(tx, signal.saga_id)
-        saga = self.registry.definition(record.name, record.saga_version)
-        run = SagaRun(self, tx, saga, record, cause=None, metrics=metrics)
+        run = self._run(tx, record, None, metrics)
         try:
             refused = run.on_signal(signal)
         except ValidationError as exc:
@@ -142,8 +141,7 @@ class Orchestrator:
             # A signal (or an operator) got there first: the timeout loses, and says so.
             self._ignored(tx, record, timeout.step, "timeout lost the race: the saga moved on")
             return
-        saga = self.registry.definition(record.name, record.saga_version)
-        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
+        run = self._run(tx, record, envelope, metrics)
         run.on_wait_timeout()
         run.commit()
 
@@ -158,8 +156,7 @@ class Orchestrator:
         if record.pending_message_id != deadline.awaited or record.status is not SagaStatus.RUNNING:
             logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
             return
-        saga = self.registry.definition(record.name, record.saga_version)
-        run = SagaRun(self, tx, saga, record, cause=envelope, metrics=metrics)
+        run = self._run(tx, record, envelope, metrics)
         run.on_deadline(deadline)
         run.commit()
 
@@ -172,8 +169,7 @@ class Orchestrator:
         record = self.store.load(tx, request.saga_id)
         if record is None:
             raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
-        saga = self.registry.definition(record.name, record.saga_version)
-        run = SagaRun(self, tx, saga, record, cause=None, metrics=metrics)
+        run = self._run(tx, record, None, metrics)
         if run.resume():
             logger.warning(
                 "saga %s resumed at step %s (%s): %s",
@@ -229,7 +225,7 @@ class Orchestrator:
         saga_id: UUID | None,
         awaited: UUID | None,
         envelope: Envelope,
-    ) -> tuple[SagaRecord, Saga[Any]]:
+    ) -> SagaRecord:
         if saga_id is None:
             raise UnknownSaga(f"{envelope.type} {envelope.message_id} carries no saga_id")
         record = self.store.load(tx, saga_id)
@@ -242,7 +238,18 @@ class Orchestrator:
                 f"saga {saga_id} ({record.status}, step {record.step!r}) is not waiting for "
                 f"{envelope.type} {envelope.message_id}"
             )
-        return record, self.registry.definition(record.name, record.saga_version)
+        return record
+
+    def _run(
+        self,
+        tx: psycopg.Connection[Any],
+        record: SagaRecord,
+        cause: Envelope | None,
+        metrics: Metrics | None,
+    ) -> SagaRun:
+        """A run of ``record`` under the definition of its name and version."""
+        saga = self.registry.definition(record.name, record.saga_version)
+        return SagaRun(self, tx, saga, record, cause=cause, metrics=metrics)
 
 
 def request_cancel(

@@ -87,7 +87,7 @@ def test_retry_policy_never_retry_and_validation() -> None:
 
 
 def test_immediate_retries_use_tenacity_and_stop_on_step_failed() -> None:
-    calls = 0
+    calls = 1  # the first try, made before any retry controller is built
 
     def always(exc: Exception) -> None:
         nonlocal calls
@@ -96,11 +96,11 @@ def test_immediate_retries_use_tenacity_and_stop_on_step_failed() -> None:
 
     policy = RetryPolicy(immediate_attempts=3, immediate_initial_wait=0.0)
     with pytest.raises(RuntimeError):
-        policy.immediate()(always, RuntimeError())
+        policy.retries()(always, RuntimeError())
     assert calls == 3
     calls = 0
     with pytest.raises(StepFailed):
-        policy.immediate()(always, StepFailed("no"))
+        policy.retries()(always, StepFailed("no"))
     assert calls == 1
 
 
