@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: install demo test lint unit bench profile chaos clean
 
@@ -28,13 +29,15 @@ test: lint
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-bench: $(STAMP)
+$(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,demo,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run
 
 # CPU per saga of every process at full load; add stacks: make profile PROFILE_ARGS="--py-spy orders"
-profile: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,demo,bench]'
+profile: $(BENCH_STAMP)
 	$(BIN)/python -m bench.profile $(PROFILE_ARGS)
 
 # A few minutes of faults against the example (restarts local PostgreSQL and RabbitMQ).

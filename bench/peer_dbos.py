@@ -147,12 +147,12 @@ def workflows_per_s(count: int = 1_000, threads: int = 4, processes: int = 1) ->
     return count / elapsed
 
 
-def best(count: int = 1_000) -> tuple[float, tuple[int, int], str, dict[str, float]]:
-    """Try each of ``SETTINGS``; the best rate, its (processes, threads), version, every figure."""
+def best(count: int = 1_000) -> tuple[float, tuple[int, int], dict[str, float]]:
+    """Try each of ``SETTINGS``; the best rate, its (processes, threads), every figure."""
     sweep = {f"{p} x {t}": workflows_per_s(count, t, p) for p, t in SETTINGS}
     name = max(sweep, key=sweep.__getitem__)
     processes, threads = (int(n) for n in name.split(" x "))
-    return sweep[name], (processes, threads), metadata.version("dbos"), sweep
+    return sweep[name], (processes, threads), sweep
 
 
 if __name__ == "__main__":

@@ -40,16 +40,23 @@ def _process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def _pids_named(prefix: str) -> list[int]:
-    pids = []
+#: Server processes by the start of their command name.
+SERVERS = {"postgres": "PostgreSQL", "beam.smp": "RabbitMQ"}
+
+
+def _server_pids() -> list[tuple[str, int]]:
+    """(server, pid) of every PostgreSQL and RabbitMQ process, in one pass over /proc."""
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().startswith(prefix):
-                    pids.append(int(entry.name))
+                comm = (entry / "comm").read_text()
             except OSError:
                 continue
-    return pids
+            for prefix, server in SERVERS.items():
+                if comm.startswith(prefix):
+                    found.append((server, int(entry.name)))
+    return found
 
 
 def _machine_busy() -> tuple[float, float]:
@@ -66,10 +73,8 @@ class CpuSnapshot:
         self.by_component: Counter[str] = Counter()
         for name, process in bench.supervisor.processes.items():
             self.by_component[name] += _process_cpu(process.proc.pid)
-        for pid in _pids_named("postgres"):
-            self.by_component["PostgreSQL"] += _process_cpu(pid)
-        for pid in _pids_named("beam.smp"):
-            self.by_component["RabbitMQ"] += _process_cpu(pid)
+        for server, pid in _server_pids():
+            self.by_component[server] += _process_cpu(pid)
         self.by_component["driver (this process)"] += _process_cpu(os.getpid())
         self.busy, self.total = _machine_busy()
 
@@ -77,9 +82,9 @@ class CpuSnapshot:
 class StackSampler:
     """py-spy sampling one process until stopped; returns collapsed stacks."""
 
-    def __init__(self, pid: int, out: Path, *, idle: bool = False) -> None:
+    def __init__(self, py_spy: str, pid: int, out: Path, idle: bool) -> None:
         self.out = out
-        command = [_py_spy(), "record", "--pid", str(pid), "--format", "raw", "--rate", "200"]
+        command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "200"]
         if idle:  # wall clock: waiting threads are sampled too
             command.append("--idle")
         self.proc = subprocess.Popen(
@@ -153,6 +158,7 @@ def main() -> None:
     )
     parser.add_argument("--top", type=int, default=15, help="functions listed per sampled process")
     args = parser.parse_args()
+    py_spy = _py_spy() if args.py_spy else ""  # before starting anything: it may be missing
     with tempfile.TemporaryDirectory() as work:
         bench: Bench | ThreeStepBench
         if args.workload == "order":
@@ -161,10 +167,9 @@ def main() -> None:
             bench = ThreeStepBench(Path(work), args.concurrency, args.orchestrators)
         try:
             bench.measure(300)  # warm up
+            processes = bench.supervisor.processes
             samplers = {
-                name: StackSampler(
-                    bench.supervisor.processes[name].proc.pid, Path(work, name), idle=args.idle
-                )
+                name: StackSampler(py_spy, processes[name].proc.pid, Path(work, name), args.idle)
                 for name in args.py_spy
             }
             before, started = CpuSnapshot(bench), time.monotonic()

@@ -101,9 +101,12 @@ def _dbos(args: argparse.Namespace, figures: Figures) -> Row:
     )
     if top is None:
         return name, "not measured", failed
-    rate, (processes, threads), _, sweep = top
-    figures |= {"dbos_workflows_per_s": round(rate), "dbos_processes": processes}
-    figures["dbos_threads"] = threads
+    rate, (processes, threads), sweep = top
+    figures |= {
+        "dbos_workflows_per_s": round(rate),
+        "dbos_processes": processes,
+        "dbos_threads": threads,
+    }
     return (
         f"{name}, {processes} process(es) x{threads} threads",
         f"{rate:,.0f} workflows/s",

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from kombu import Connection
 
 from bench.environment import AMQP_URL, ScratchDatabase
 from examples.order_saga import driver
 from examples.order_saga.cluster import SERVICES, TARGETS, Cluster
+from examples.order_saga.orders import OrderData
 from examples.order_saga.supervisor import Supervisor
-from saga.transport import Topology
 
 FIRST_PORT = 9460
 LATENCY = "saga_delivery_latency_seconds"
@@ -51,7 +50,9 @@ class Bench:
         self, work_dir: Path, orchestrator_concurrency: int = 1, orchestrators: int = 1
     ) -> None:
         self.run_id = uuid.uuid4().hex[:6]
-        self.databases = {s: ScratchDatabase.create(f"bench_{self.run_id}_{s}") for s in SERVICES}
+        self.databases = {  # migrated by Cluster.prepare
+            s: ScratchDatabase.create(f"bench_{self.run_id}_{s}", framework=False) for s in SERVICES
+        }
         self.system = Cluster(
             {s: d.url for s, d in self.databases.items()},
             AMQP_URL,
@@ -79,16 +80,13 @@ class Bench:
         self.supervisor.stop()
         for database in self.databases.values():
             database.drop()
-        with Connection(AMQP_URL) as conn:
-            channel = conn.channel()
-            for service in SERVICES:
-                Topology(queue_prefix=f"bench{self.run_id}.").queue(service)(channel).delete()
+        self.system.delete_queues()
 
     def _wait_for_metrics(self) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                self._histogram()
+                self._scrape_all()
                 return
             except OSError:
                 time.sleep(0.2)
@@ -104,11 +102,7 @@ class Bench:
             seed=self.submitted,
             prefix=f"b{self.submitted}",
         )
-        before_hist, before_steps, before_batches = (
-            self._histogram(),
-            self._steps(),
-            self._batches(),
-        )
+        before, before_steps = self._scrape_all(), self._steps()
         started = time.monotonic()
         if rate is None:
             driver.submit(self.system, batch, per_transaction=50)
@@ -117,15 +111,10 @@ class Bench:
         self.submitted += orders
         self._wait_finished(self.submitted, timeout=600)
         elapsed = time.monotonic() - started
-        after_hist = self._histogram()
-        delta = {le: after_hist[le] - before_hist.get(le, 0) for le in after_hist}
-        steps = self._steps() - before_steps
-        batch_mean = {
-            service: round(
-                (total - before_batches[service][0]) / max(1, n - before_batches[service][1]), 1
-            )
-            for service, (total, n) in self._batches().items()
-        }
+        after, steps = self._scrape_all(), self._steps() - before_steps
+        hist_before, hist_after = _histogram(before), _histogram(after)
+        delta = {le: hist_after[le] - hist_before.get(le, 0) for le in hist_after}
+        batch_mean = {name: _batch_mean(before[name], after[name]) for name in self.ports}
         return Measurement(orders / elapsed, steps / elapsed, _percentiles(delta), batch_mean)
 
     def consumer_rss_mb(self, service: str = "orders") -> float:
@@ -158,24 +147,22 @@ class Bench:
 
     # -- helpers ----------------------------------------------------------------
 
-    def _paced(self, batch: list, rate: float) -> None:  # type: ignore[type-arg]
-        interval = 1.0 / rate
-        started = time.monotonic()
-        with self.system.connect("orders", autocommit=True) as conn:
-            for i, order in enumerate(batch):
-                with conn.transaction():
-                    from examples.order_saga.orders import create_order
+    def _paced(self, batch: list[OrderData], rate: float) -> None:
+        """Start the orders one per transaction, ``rate`` a second."""
+        started, sent = time.monotonic(), 0
 
-                    create_order.start(conn, order, idempotency_key=order.order_id)
-                pause = started + (i + 1) * interval - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
+        def pace(count: int) -> None:
+            nonlocal sent
+            sent += count
+            time.sleep(max(0.0, started + sent / rate - time.monotonic()))
+
+        driver.submit(self.system, batch, on_progress=pace, per_transaction=1)
 
     def _wait_finished(self, total: int, timeout: float) -> None:
         wait_until_finished(self.system.database_urls["orders"], timeout)
         counts = driver.status_counts(self.system)
         if counts.get("completed", 0) + counts.get("compensated", 0) < total:
-            raise RuntimeError(f"sagas did not finish within {timeout}s: {counts}")
+            raise RuntimeError(f"sagas finished, but not all completed or compensated: {counts}")
 
     def _steps(self) -> int:
         total = 0
@@ -187,46 +174,50 @@ class Bench:
             total += int(row[0]) if row else 0
         return total
 
-    def _batches(self) -> dict[str, tuple[float, float]]:
-        """(deliveries, transactions) each consumer has committed so far."""
-        result = {}
-        for service, port in self.ports.items():
-            lines = _scrape(port)
-            result[service] = (
-                _total(lines, f"{BATCH_SIZE}_sum"),
-                _total(lines, f"{BATCH_SIZE}_count"),
-            )
-        return result
-
-    def _histogram(self) -> Counter[float]:
-        """Cumulative latency bucket counts summed over every consumer."""
-        merged: Counter[float] = Counter()
-        for port in self.ports.values():
-            for line in _scrape(port):
-                if line.startswith(f"{LATENCY}_bucket"):
-                    le = line.split('le="', 1)[1].split('"', 1)[0]
-                    merged[float("inf") if le == "+Inf" else float(le)] += float(
-                        line.rsplit(" ", 1)[1]
-                    )
-        return merged
+    def _scrape_all(self) -> dict[str, list[str]]:
+        """Every consumer's metrics, by consumer process."""
+        return {name: _scrape(port) for name, port in self.ports.items()}
 
 
 def wait_until_finished(database_url: str, timeout: float) -> None:
     """Poll (on one connection: polling must stay cheap) until no saga is unfinished."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(database_url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
+        while True:
             row = conn.execute(
                 "SELECT count(*) FROM saga.saga_instances WHERE finished_at IS NULL"
             ).fetchone()
-            if row is not None and row[0] == 0:
+            unfinished = row[0] if row else 0
+            if unfinished == 0:
                 return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{unfinished} sagas still unfinished after {timeout}s")
             time.sleep(0.1)
 
 
 def _scrape(port: int) -> list[str]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
     return [line for line in text.decode().splitlines() if not line.startswith("#")]
+
+
+def _histogram(scraped: dict[str, list[str]]) -> Counter[float]:
+    """Cumulative latency bucket counts summed over every consumer."""
+    merged: Counter[float] = Counter()
+    for lines in scraped.values():
+        for line in lines:
+            if line.startswith(f"{LATENCY}_bucket"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                merged[float("inf") if le == "+Inf" else float(le)] += float(line.rsplit(" ", 1)[1])
+    return merged
+
+
+def _batch_mean(before: list[str], after: list[str]) -> float:
+    """Mean deliveries per transaction of one consumer between two scrapes."""
+    deliveries, batches = (
+        _total(after, f"{BATCH_SIZE}_{part}") - _total(before, f"{BATCH_SIZE}_{part}")
+        for part in ("sum", "count")
+    )
+    return round(deliveries / max(1, batches), 1)
 
 
 def _total(lines: list[str], name: str) -> float:

@@ -17,15 +17,14 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from kombu import Connection
 
 from bench._saga_app import Run, three_steps
 from bench.environment import AMQP_URL, ScratchDatabase
 from bench.saga_e2e import wait_until_finished
 from bench.workload import ACCOUNTS, create_tables, finished
+from examples.order_saga.cluster import delete_queues
 from examples.order_saga.processes import saga_env
 from examples.order_saga.supervisor import Supervisor
-from saga.transport import Topology
 
 APP = "bench._saga_app"
 WARM_UP = 200
@@ -76,10 +75,7 @@ class ThreeStepBench:
         self.supervisor.stop()
         self.home.drop()
         self.steps.drop()
-        with Connection(AMQP_URL) as conn:
-            channel = conn.channel()
-            for queue in ("runs", "steps"):
-                Topology(queue_prefix=self.prefix).queue(queue)(channel).delete()
+        delete_queues(AMQP_URL, self.prefix, ("runs", "steps"))
 
 
 def sagas_per_s(

@@ -239,19 +239,8 @@ def run(
         for name in names.values():
             _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
         shutil.rmtree(logs, ignore_errors=True)
-        _delete_queues(system)
+        system.delete_queues()
     return result
-
-
-def _delete_queues(system: Cluster) -> None:
-    from kombu import Connection
-
-    from saga.transport import Topology
-
-    with Connection(system.broker_url) as conn:
-        channel = conn.channel()
-        for service in SERVICES:
-            Topology(queue_prefix=system.queue_prefix).queue(service)(channel).delete()
 
 
 def _quiesce(system: Cluster, supervisor: Supervisor, expected: int, timeout: float) -> bool:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from kombu import Connection
 
 from saga.migrate import migrate
+from saga.transport import Topology
 
 SERVICES = ("orders", "customers", "inventory", "payments")
 TARGETS = {
@@ -76,6 +79,10 @@ class Cluster:
                 "INSERT INTO closed_regions VALUES (%s) ON CONFLICT DO NOTHING", (CLOSED_REGION,)
             )
 
+    def delete_queues(self) -> None:
+        """Remove the services' queues from the broker (scratch runs clean up after themselves)."""
+        delete_queues(self.broker_url, self.queue_prefix, SERVICES)
+
     def env(self, service: str) -> dict[str, str]:
         """The environment of a ``saga relay`` or ``saga consume`` process for ``service``."""
         return {
@@ -102,3 +109,12 @@ class Cluster:
 
     def connect(self, service: str, **kwargs: Any) -> psycopg.Connection[Any]:
         return psycopg.connect(self.database_urls[service], **kwargs)
+
+
+def delete_queues(broker_url: str, queue_prefix: str, destinations: Iterable[str]) -> None:
+    """Remove the queues of ``destinations`` under ``queue_prefix``, messages and all."""
+    topology = Topology(queue_prefix=queue_prefix)
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        for destination in destinations:
+            topology.queue(destination)(channel).delete()
