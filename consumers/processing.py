@@ -157,10 +157,12 @@ class BatchProcessor:
     def _check(self, delivery: Delivery) -> Decoded | Rejection:
         """Signature and decoding, before the transaction: the message, or why it is refused."""
         try:
-            if self.signing is not None:
-                self._verify(delivery)
+            if self.signing is not None:  # over the exact bytes received
+                self.signing.verify(delivery.body, delivery.headers)
             body, content_type = delivery.body, delivery.content_type
             return decode(body, content_type, self.service, self.max_message_bytes)
+        except SignatureRejected as bad:
+            return Rejection(bad.error_type, bad.message)
         except Rejection as rejection:
             return rejection
 
@@ -244,14 +246,6 @@ class BatchProcessor:
             if self.metrics is not None:
                 retries = int(retrying.statistics.get("attempt_number", 1))
                 self.metrics.retries.labels(self.service.name, "immediate").inc(retries)
-
-    def _verify(self, delivery: Delivery) -> None:
-        """Check the signature over the exact bytes received, before anything is decoded."""
-        assert self.signing is not None
-        try:
-            self.signing.verify(delivery.body, delivery.headers)
-        except SignatureRejected as bad:
-            raise Rejection(bad.error_type, bad.message) from None
 
     def _count(self, outcome: Outcome, seconds: float) -> None:
         metrics = self.metrics

@@ -151,8 +151,7 @@ class Worker:
             finally:
                 self.ready.clear()
                 self._close()
-        if self.processor.effects is not None:
-            self.processor.effects.close()
+        close_quietly(logger, self.processor.effects)
 
     def _connect(self) -> None:
         self._close()

@@ -25,7 +25,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, SagaDataTooLarge
 from saga.identifiers import validate_name
 
 D = TypeVar("D", bound=BaseModel)
@@ -163,6 +163,12 @@ class Saga(Generic[D]):
 
     def __repr__(self) -> str:
         return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
+
+    def check_data_size(self, data: BaseModel) -> None:
+        """Raise :class:`SagaDataTooLarge` if ``data`` serializes to over ``max_data_bytes``."""
+        size = len(data.__pydantic_serializer__.to_json(data))
+        if size > self.max_data_bytes:
+            raise SagaDataTooLarge(self.name, size, self.max_data_bytes)
 
     # -- declaring steps -----------------------------------------------------
 

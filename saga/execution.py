@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -20,7 +21,6 @@ from saga.definition import COMPENSATE, RETRY, LocalStep, RemoteStep, Saga, Step
 from saga.envelope import IDEMPOTENCY_KEY_HEADER, STEP_HEADER, Envelope
 from saga.errors import (
     ConfigurationError,
-    SagaDataTooLarge,
     StaleReply,
     StepFailed,
     UnexpectedReply,
@@ -48,6 +48,12 @@ logger = logging.getLogger(__name__)
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+@cache
+def _schema(payload: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema a waiting saga checks signals against (the same for every wait)."""
+    return payload.model_json_schema()
 
 
 class SagaRun:
@@ -153,7 +159,7 @@ class SagaRun:
         record.step_attempt = 1
         record.step_started_at = now()
         record.waiting_for = step.event
-        record.wait_schema = step.payload.model_json_schema()
+        record.wait_schema = _schema(step.payload)
         if step.timeout is None:
             record.pending_message_id = uuid7()  # only a signal will end this wait
             record.wait_deadline = None
@@ -488,9 +494,7 @@ class SagaRun:
 
     def commit(self) -> None:
         """Save the row (optimistically), the step log, outgoing messages and dead letters."""
-        size = len(self.data.__pydantic_serializer__.to_json(self.data))
-        if size > self.saga.max_data_bytes:
-            raise SagaDataTooLarge(self.saga.name, size, self.saga.max_data_bytes)
+        self.saga.check_data_size(self.data)
         self.record.data = self.data.model_dump(mode="json")
         self.record.pivot_reached = self._pivot_reached()
         self.o.store.save(self.tx, self.record)

@@ -23,7 +23,6 @@ from saga.envelope import Envelope
 from saga.errors import (
     ConfigurationError,
     NotCancellable,
-    SagaDataTooLarge,
     StaleReply,
     UnknownSaga,
 )
@@ -61,9 +60,7 @@ class Orchestrator:
             raise ConfigurationError(
                 f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
             )
-        size = len(data.__pydantic_serializer__.to_json(data))
-        if size > saga.max_data_bytes:
-            raise SagaDataTooLarge(saga.name, size, saga.max_data_bytes)
+        saga.check_data_size(data)
         saga_id = uuid7()
         inserted = self.store.insert(
             tx,

@@ -39,8 +39,6 @@ from saga.state import Phase, StepLogEntry
 if TYPE_CHECKING:
     from consumers.context import HandlerContext
 
-_INTERNAL: tuple[type[BaseModel], ...] = (StepTimer, ResumeSaga, Signal, WaitTimeout, StepDeadline)
-
 
 @dataclass(frozen=True, slots=True)
 class MigrationReport:
@@ -72,7 +70,14 @@ class SagaRegistry:
         self.retry = retry or RetryPolicy()
         self.outbox = outbox or Outbox(self.schema)
         self._sagas: dict[str, dict[int, Saga[Any]]] = {}
-        built_in: list[type[BaseModel]] = [Ack, FailureReply, *_INTERNAL]
+        self._internal: dict[type[BaseModel], Handler] = {
+            StepTimer: self._on_timer,
+            ResumeSaga: self._on_resume,
+            Signal: self._on_signal,
+            WaitTimeout: self._on_wait_timeout,
+            StepDeadline: self._on_deadline,
+        }
+        built_in: list[type[BaseModel]] = [Ack, FailureReply, *self._internal]
         self._reply_types: dict[str, type[BaseModel]] = {message_type_of(m): m for m in built_in}
         self.orchestrator: Orchestrator = Orchestrator(self)
         self._service: Service | None = None
@@ -169,15 +174,14 @@ class SagaRegistry:
 
     def check_versions(self, conn: psycopg.Connection[Any]) -> None:
         """Refuse to run without the definitions that unfinished sagas still need."""
-        problems = []
-        for name, versions in self._sagas.items():
-            for version, count in self.orchestrator.store.unfinished_by_version(conn, name).items():
-                if version not in versions:
-                    problems.append(
-                        f"saga {name!r} version {version} has {count} unfinished saga(s) but is "
-                        "not registered; keep that version registered until they finish, or "
-                        "migrate them (saga migrate-instances)"
-                    )
+        unfinished = self.orchestrator.store.unfinished_by_version(conn, list(self._sagas))
+        problems = [
+            f"saga {name!r} version {version} has {count} unfinished saga(s) but is not "
+            "registered; keep that version registered until they finish, or migrate them "
+            "(saga migrate-instances)"
+            for name, version, count in unfinished
+            if version not in self._sagas[name]
+        ]
         if problems:
             raise ConfigurationError("; ".join(problems))
 
@@ -234,15 +238,9 @@ class SagaRegistry:
         """The orchestrator as a service: ``saga consume module:registry`` runs this."""
         if self._service is None:
             service = Service(self.service_name, retry=self.retry)
-            internal: dict[type[BaseModel], Handler] = {
-                StepTimer: self._on_timer,
-                ResumeSaga: self._on_resume,
-                Signal: self._on_signal,
-                WaitTimeout: self._on_wait_timeout,
-                StepDeadline: self._on_deadline,
-            }
             for message_class in self._reply_types.values():
-                service.add_handler(message_class, internal.get(message_class, self._on_reply))
+                handler = self._internal.get(message_class, self._on_reply)
+                service.add_handler(message_class, handler)
             service.on_connect(self.check_versions)
             self._service = service
         return self._service

@@ -54,7 +54,7 @@ class Settings(BaseSettings):
         """
         spec = self.signing_keys.get_secret_value() if self.signing_keys else None
         ring = KeyRing.parse(spec, require=self.require_signature)
-        return ring if ring.enabled or ring.require else None
+        return ring if ring.keys else None  # a ring that requires signatures has keys
 
     def secrets(self) -> list[str]:
         """Every secret these settings hold, to scrub from logs."""

@@ -73,10 +73,6 @@ class KeyRing:
             pairs.append((key_id, secret.encode()))
         return cls(tuple(pairs), require=require)
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self._by_id)
-
     def sign(self, body: bytes) -> dict[str, str]:
         """Headers that sign ``body`` with the newest key (none when the ring is empty)."""
         if not self.keys:

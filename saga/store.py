@@ -53,8 +53,8 @@ WHERE id = %s AND status = 'running' AND NOT pivot_reached
 """
 
 _UNFINISHED_BY_VERSION = """
-SELECT saga_version, count(*) FROM {schema}.saga_instances
-WHERE name = %s AND finished_at IS NULL GROUP BY 1 ORDER BY 1
+SELECT name, saga_version, count(*) FROM {schema}.saga_instances
+WHERE name = ANY(%s) AND finished_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2
 """
 
 _VERSIONS = """
@@ -207,8 +207,11 @@ class SagaStore:
         cur = conn.execute(self._request_cancel, (f"cancelled: {reason}", saga_id))
         return cur.rowcount == 1
 
-    def unfinished_by_version(self, conn: psycopg.Connection[Any], name: str) -> dict[int, int]:
-        return dict(conn.execute(self._unfinished_by_version, (name,)).fetchall())
+    def unfinished_by_version(
+        self, conn: psycopg.Connection[Any], names: list[str]
+    ) -> list[tuple[str, int, int]]:
+        """(name, version, unfinished sagas) of the sagas called ``names``, in one query."""
+        return conn.execute(self._unfinished_by_version, (names,)).fetchall()
 
     def versions(self, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
         """(name, version, running, waiting, needing an operator, finished) per version."""

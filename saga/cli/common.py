@@ -48,6 +48,7 @@ SchemaOption = Annotated[
         show_default=False,
     ),
 ]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 QueuePrefixOption = Annotated[
     str,
     typer.Option(

@@ -11,7 +11,14 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.common import (
+    DatabaseUrlOption,
+    JsonOption,
+    SchemaOption,
+    connect,
+    console,
+    settings_from,
+)
 from saga.cli.durations import parse_duration
 from saga.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
 from saga.envelope import Envelope
@@ -26,7 +33,6 @@ ErrorTypeOption = Annotated[
     str | None, typer.Option("--error-type", help="Only this error type, e.g. TimeoutError.")
 ]
 SinceOption = Annotated[str | None, typer.Option(help="Failed within this long: 30m, 1h, 2d.")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 class DeadLetterNotFound(SagaError):

@@ -6,12 +6,18 @@ import json
 from typing import Annotated, Any
 from uuid import UUID
 
-import jsonschema
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.common import (
+    DatabaseUrlOption,
+    JsonOption,
+    SchemaOption,
+    connect,
+    console,
+    settings_from,
+)
 from saga.cli.loading import load_registry
 from saga.errors import SignalRejected
 from saga.outbox import Outbox
@@ -42,6 +48,8 @@ def signal(
         raise SignalRejected(f"--data is not JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise SignalRejected("--data must be a JSON object")
+    import jsonschema  # only this command needs it: keep `saga` start-up light
+
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn, conn.transaction():
         record = check_waiting(SagaStore(settings.db_schema).load(conn, saga_id), saga_id, event)
@@ -55,7 +63,7 @@ def signal(
 
 
 def versions(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOption = False,
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:

@@ -10,7 +10,14 @@ from uuid import UUID
 import typer
 from rich.table import Table
 
-from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.common import (
+    DatabaseUrlOption,
+    JsonOption,
+    SchemaOption,
+    connect,
+    console,
+    settings_from,
+)
 from saga.cli.durations import parse_duration
 from saga.dead_letters import DeadLetterFilter, DeadLetterStore
 from saga.errors import SagaError, UnknownSaga
@@ -32,7 +39,7 @@ class NotResumable(SagaError):
 def stats(
     window: Annotated[str, typer.Option(help="Durations of sagas finished within this.")] = "24h",
     stuck_after: StuckAfterOption = "15m",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOption = False,
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:

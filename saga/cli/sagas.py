@@ -11,6 +11,7 @@ from rich.table import Table
 
 from saga.cli.common import (
     DatabaseUrlOption,
+    JsonOption,
     SchemaOption,
     connect,
     console,
@@ -21,8 +22,6 @@ from saga.errors import UnknownSaga
 from saga.orchestrator import request_cancel
 from saga.state import SagaRecord, SagaStatus
 from saga.store import SagaStore
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 STATUS_STYLE = {
     "running": "cyan",
