@@ -4,9 +4,11 @@ Three group roles (NOLOGIN; grant them to your login roles):
 
 - ``<prefix>_relay``: reads, defers and deletes outbox rows, and quarantines the
   ones it cannot publish. Nothing else: not the inbox, not any business table.
-- ``<prefix>_service``: what a consumer service and app code need: inbox,
-  outbox (insert), dead letters (insert), sagas, step log, claim checks. Grant
-  it your own business tables as well.
+- ``<prefix>_service``: what a consumer service and app code need: inbox
+  (delete too: a message retried later or dead-lettered gives its row back),
+  outbox (a consumer publishes the rows it wrote right after committing, as a
+  relay would), dead letters (insert), sagas, step log, claim checks,
+  guarded side effects. Grant it your own business tables as well.
 - ``<prefix>_operator``: reads everything; replays and purges dead letters,
   resumes, cancels and signals sagas, prunes past retention.
 """
@@ -25,6 +27,7 @@ _TABLES = (
     "saga_instances",
     "saga_steps",
     "claim_checks",
+    "side_effects",
     "schema_migrations",
 )
 
@@ -34,18 +37,20 @@ def role_names(prefix: str = "saga") -> dict[str, str]:
     return {kind: f"{prefix}_{kind}" for kind in ("relay", "service", "operator")}
 
 
-def _grants(schema: str, roles: dict[str, str]) -> list[tuple[str, str, str]]:
+def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
     """(privileges, table, role) triples."""
     relay, service, operator = roles["relay"], roles["service"], roles["operator"]
     grants = [
         ("SELECT, UPDATE, DELETE", "outbox", relay),
         ("INSERT", "dead_letters", relay),
-        ("SELECT, INSERT", "inbox", service),
-        ("INSERT", "outbox", service),
+        ("SELECT, INSERT, DELETE", "inbox", service),
+        # RETURNING reads, FOR UPDATE SKIP LOCKED needs UPDATE: publishing its own rows
+        ("SELECT, INSERT, UPDATE, DELETE", "outbox", service),
         ("SELECT, INSERT", "dead_letters", service),
         ("SELECT, INSERT, UPDATE", "saga_instances", service),
         ("SELECT, INSERT", "saga_steps", service),
         ("SELECT, INSERT, DELETE", "claim_checks", service),
+        ("SELECT, INSERT, UPDATE", "side_effects", service),
         ("SELECT", "schema_migrations", service),
     ]
     grants += [("SELECT", table, operator) for table in _TABLES]
@@ -58,7 +63,7 @@ def _grants(schema: str, roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("DELETE", "inbox", operator),
         ("DELETE", "claim_checks", operator),
     ]
-    return [(privileges, table, role) for privileges, table, role in grants]
+    return grants
 
 
 def statements(schema: str = "saga", prefix: str = "saga") -> list[sql.Composed]:
@@ -78,7 +83,7 @@ def statements(schema: str = "saga", prefix: str = "saga") -> list[sql.Composed]
                 sql.Identifier(schema), sql.Identifier(role)
             )
         )
-    for privileges, table, role in _grants(schema, roles):
+    for privileges, table, role in _grants(roles):
         result.append(
             sql.SQL("GRANT {} ON {}.{} TO {}").format(
                 sql.SQL(privileges),

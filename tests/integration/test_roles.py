@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from consumers import Outcome
 from examples.order_saga.processes import REPO, SAGA
 from outbox_relay import Relay, RelayOptions
 from saga import Outbox
@@ -16,7 +17,7 @@ from saga.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_service
-from tests.support.services import EFFECTS_DDL, Ping, service
+from tests.support.services import EFFECTS_DDL, Flaky, Ping, service
 from tests.support.wait import wait_until
 
 
@@ -76,17 +77,21 @@ def test_consumer_runs_under_the_service_role(
     db: TestDatabase, rabbit: TestBroker, roles: dict[str, str]
 ) -> None:
     service_db = TestDatabase(as_user(db, roles["service"]), db.name)
+    request = Envelope.wrap(Ping(key="s")).model_copy(update={"reply_to": "requester"})
+    failing = Envelope.wrap(Flaky(key=f"role-{uuid.uuid4().hex}", fail_times=1000))
     with running_service(service, service_db, rabbit) as runner:
-        rabbit.publish_raw(
-            service.name, Envelope.wrap(Ping(key="s")).to_bytes(), "application/json"
-        )
+        rabbit.publish_raw(service.name, request.to_bytes(), "application/json")
         rabbit.publish_raw(service.name, b"junk", "application/json")  # a dead letter, too
-        wait_until(lambda: sum(runner.counts.values()) == 2, what="handled under the role")
+        rabbit.publish_raw(service.name, failing.to_bytes(), "application/json")  # a retry
+        wait_until(lambda: sum(runner.counts.values()) == 3, what="handled under the role")
+        assert runner.counts[Outcome.RETRY_SCHEDULED] == 1
+        (reply,) = rabbit.receive("requester", 1)  # published by the consumer, under the role
+    assert Envelope.from_bytes(reply.body).causation_id == request.message_id
     assert db.scalar("SELECT count(*) FROM effects") == 1
     assert db.scalar("SELECT count(*) FROM saga.dead_letters") == 1
     denied = pytest.raises(psycopg.errors.InsufficientPrivilege)
     with psycopg.connect(service_db.url, autocommit=True) as conn, denied:
-        conn.execute("DELETE FROM saga.outbox")
+        conn.execute("DELETE FROM saga.dead_letters")  # replaying and purging: operators
 
 
 def test_operator_reads_and_replays_but_cannot_write_business_tables(
