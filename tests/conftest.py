@@ -11,9 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from examples.order_saga.cluster import Cluster
 from tests.support import servers
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
+from tests.support.example_cluster import make_cluster
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _missing: dict[str, str] = {}
@@ -80,6 +82,15 @@ def rabbit(amqp_url: str) -> Iterator[TestBroker]:
     broker = TestBroker(amqp_url, "amqp")
     yield broker
     broker.cleanup()
+
+
+@pytest.fixture
+def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Iterator[Cluster]:
+    """The order-saga example on four fresh databases and the test RabbitMQ (nothing running)."""
+    system, names = make_cluster(database_factory, rabbit)
+    yield system
+    for name in names:
+        database_factory.drop(name)
 
 
 @pytest.fixture(params=["memory", "amqp", "redis"])

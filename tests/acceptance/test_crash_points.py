@@ -8,8 +8,6 @@ nothing applied twice, every saga finished in order.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,28 +18,9 @@ from examples.order_saga.cluster import Cluster
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.supervisor import Supervisor
 from saga.faults import FAULT_POINTS
-from tests.support.brokers import TestBroker
-from tests.support.databases import DatabaseFactory
-from tests.support.example_cluster import make_cluster
+from tests.support.example_cluster import settle
 
 ORDERS = 40
-
-
-@pytest.fixture
-def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Iterator[Cluster]:
-    system, names = make_cluster(database_factory, rabbit)
-    yield system
-    for name in names:
-        database_factory.drop(name)
-
-
-def _settle(system: Cluster, supervisor: Supervisor, timeout: float = 120) -> dict[str, int]:
-    """Wait (restarting what dies) until every saga finished and every outbox is drained."""
-    deadline = time.monotonic() + timeout
-    while not driver.quiescent(system, ORDERS) and time.monotonic() < deadline:
-        supervisor.watch()
-        time.sleep(0.2)
-    return driver.status_counts(system)
 
 
 @pytest.mark.parametrize("point", FAULT_POINTS)
@@ -56,7 +35,7 @@ def test_recovery_after_a_crash_at(point: str, order_system: Cluster, tmp_path: 
     supervisor = Supervisor(commands, tmp_path, faults=f"{point}@2")
     try:
         driver.submit(order_system, orders, per_transaction=5)
-        counts = _settle(order_system, supervisor)
+        counts = settle(order_system, supervisor, ORDERS)
         gateway_calls = GatewayClient(order_system.gateway_url).calls()
     finally:
         codes = supervisor.stop()

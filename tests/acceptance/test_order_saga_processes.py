@@ -3,41 +3,22 @@
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from examples.order_saga import driver, invariants
 from examples.order_saga.cluster import Cluster
-from examples.order_saga.processes import REPO, SAGA
-from tests.support.brokers import TestBroker
-from tests.support.databases import DatabaseFactory
-from tests.support.example_cluster import make_cluster, services_as_processes
+from tests.support.cli import saga_cli
+from tests.support.example_cluster import services_as_processes
 
 ORDERS = 1000
 
 
 @pytest.fixture
-def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Iterator[Cluster]:
-    system, names = make_cluster(database_factory, rabbit)
-    system.extra_env["ORDER_SAGA_FLAKINESS"] = "0.03"  # transient failures, retried
-    yield system
-    for name in names:
-        database_factory.drop(name)
-
-
-def _saga(system: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SAGA, *args],
-        cwd=REPO,
-        env={"SAGA_DATABASE_URL": system.database_urls["orders"], "COLUMNS": "200", "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def order_system(order_system: Cluster) -> Cluster:
+    order_system.extra_env["ORDER_SAGA_FLAKINESS"] = "0.03"  # transient failures, retried
+    return order_system
 
 
 def test_thousand_orders_with_failures_at_every_step(order_system: Cluster, tmp_path: Path) -> None:
@@ -66,7 +47,7 @@ def test_thousand_orders_with_failures_at_every_step(order_system: Cluster, tmp_
 
     # saga show: a compensated saga's failed step, then each compensation in reverse order
     (saga_id,) = driver.sample_sagas(order_system, ("compensated",))
-    shown = _saga(order_system, "show", str(saga_id), "--json")
+    shown = saga_cli(order_system.database_urls["orders"], "show", str(saga_id), "--json")
     assert shown.returncode == 0, shown.stderr
     timeline = json.loads(shown.stdout)["timeline"]
     failed = [
@@ -76,7 +57,15 @@ def test_thousand_orders_with_failures_at_every_step(order_system: Cluster, tmp_
     forward_done = [s["step"] for s in timeline[: failed[-1]] if s["outcome"] == "succeeded"]
     compensated = [s["step"] for s in timeline[failed[-1] + 1 :] if s["outcome"] == "succeeded"]
     assert compensated == list(reversed(forward_done))
-    table = _saga(order_system, "show", str(saga_id))
+    table = saga_cli(order_system.database_urls["orders"], "show", str(saga_id))
     assert "compensation" in table.stdout and "failed" in table.stdout
-    listed = _saga(order_system, "list", "--status", "compensated", "--json", "--limit", "5")
+    listed = saga_cli(
+        order_system.database_urls["orders"],
+        "list",
+        "--status",
+        "compensated",
+        "--json",
+        "--limit",
+        "5",
+    )
     assert len(json.loads(listed.stdout)) == 5

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,22 +11,15 @@ from examples.order_saga import driver, invariants, payments
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.gateway import GatewayClient, GatewayServer
 from examples.order_saga.messages import ChargeCard
-from examples.order_saga.processes import REPO, SAGA
+from examples.order_saga.processes import REPO
 from examples.order_saga.supervisor import Supervisor
 from saga.envelope import Envelope
 from tests.support.brokers import TestBroker
-from tests.support.databases import DatabaseFactory, TestDatabase
-from tests.support.example_cluster import gateway_running, make_cluster
+from tests.support.cli import saga_cli
+from tests.support.databases import TestDatabase
+from tests.support.example_cluster import settle
 from tests.support.running import running_relay, running_service
 from tests.support.wait import wait_until
-
-
-@pytest.fixture
-def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Iterator[Cluster]:
-    system, names = make_cluster(database_factory, rabbit)
-    yield system
-    for name in names:
-        database_factory.drop(name)
 
 
 def test_payments_killed_after_the_gateway_answered_does_not_charge_twice(
@@ -41,10 +31,7 @@ def test_payments_killed_after_the_gateway_answered_does_not_charge_twice(
     supervisor = Supervisor(order_system.commands(), tmp_path, faults="side_effect.after_call@1")
     try:
         driver.submit(order_system, orders)
-        deadline = time.monotonic() + 120
-        while not driver.quiescent(order_system, len(orders)) and time.monotonic() < deadline:
-            supervisor.watch()
-            time.sleep(0.2)
+        settle(order_system, supervisor, len(orders))
         calls = GatewayClient(order_system.gateway_url).calls()
     finally:
         supervisor.stop()
@@ -58,7 +45,7 @@ def test_payments_killed_after_the_gateway_answered_does_not_charge_twice(
 
 
 def test_a_replayed_payment_uses_the_original_idempotency_key(
-    db: TestDatabase, rabbit: TestBroker
+    db: TestDatabase, rabbit: TestBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db.execute((Path(REPO) / "examples/order_saga/schema/payments.sql").read_text())
     quick = Service("payments", retry=RetryPolicy(immediate_attempts=1, delays=()))
@@ -69,31 +56,15 @@ def test_a_replayed_payment_uses_the_original_idempotency_key(
         headers={"idempotency_key": key},
         reply_to="orders",
     )
-    down = GatewayServer()  # its port, closed: the gateway is down
-    down.stop()
-    cluster = Cluster(
-        {"payments": db.url}, rabbit.url, gateway_port=int(down.url.rsplit(":", 1)[1])
-    )
-    with (
-        gateway_running(cluster) as gateway,
-        running_service(quick, db, rabbit),
-        running_relay(db, rabbit),
-    ):
-        gateway.stop()
+    cluster = Cluster({"payments": db.url}, rabbit.url)  # a free port: the gateway is down
+    monkeypatch.setenv("PAYMENT_GATEWAY_URL", cluster.gateway_url)
+    with running_service(quick, db, rabbit), running_relay(db, rabbit):
         rabbit.publish_raw("payments", command.to_bytes(), "application/json")
         wait_until(lambda: db.scalar("SELECT count(*) FROM saga.dead_letters") == 1, what="dlq")
         letter = db.scalar("SELECT id FROM saga.dead_letters")
         up = GatewayServer(cluster.gateway_port).start()  # the gateway is back
         try:
-            replay = subprocess.run(
-                [SAGA, "dlq", "replay", str(letter)],
-                cwd=REPO,
-                env={"SAGA_DATABASE_URL": db.url, "PATH": ""},
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            replay = saga_cli(db.url, "dlq", "replay", str(letter))
             assert replay.returncode == 0, replay.stderr
             wait_until(lambda: db.scalar("SELECT count(*) FROM charges") == 1, what="replayed")
             assert GatewayClient(up.url).calls() == {key: 1}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import timedelta
@@ -14,7 +13,6 @@ import pytest
 from pydantic import BaseModel
 
 from consumers import HandlerContext, Service
-from examples.order_saga.processes import REPO, SAGA
 from saga import Outbox, Saga, SagaRegistry, StepRetry
 from saga.claimcheck import ClaimCheck, ClaimNotFound
 from saga.errors import ConfigurationError, SagaDataTooLarge, SignalRejected
@@ -22,6 +20,7 @@ from saga.replies import Signal
 from saga.retention import Pruner
 from tests.support import loans
 from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL
@@ -68,18 +67,6 @@ def effects(db: TestDatabase, key: str) -> list[str]:
     return [r[0] for r in db.rows("SELECT kind FROM effects WHERE key = %s ORDER BY id", (key,))]
 
 
-def cli(db: TestDatabase, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SAGA, *args],
-        cwd=REPO,
-        env={"SAGA_DATABASE_URL": db.url, "COLUMNS": "200", "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_signals_move_a_waiting_saga_to_completion(db: TestDatabase, lending: None) -> None:
     saga_id = start(db, "loan", "l1")
     wait_until(lambda: waiting_for(db, saga_id, "approval"), what="waiting for approval")
@@ -87,7 +74,7 @@ def test_signals_move_a_waiting_saga_to_completion(db: TestDatabase, lending: No
     assert schema["required"] == ["approver"]
     signal(db, saga_id, "approval", loans.Approval(approver="ann"))
     wait_until(lambda: waiting_for(db, saga_id, "signature"), what="waiting for signature")
-    result = cli(db, "signal", str(saga_id), "signature", "--data", '{"signer": "bob"}')
+    result = saga_cli(db.url, "signal", str(saga_id), "signature", "--data", '{"signer": "bob"}')
     assert result.returncode == 0, result.stderr
     wait_until(lambda: row(db, saga_id)[0] == "completed", what="completed")
     assert effects(db, "l1") == ["request", "disburse"]
@@ -189,7 +176,7 @@ def test_bad_signals_are_refused_and_change_nothing(db: TestDatabase, lending: N
         (["signal", str(waiting), "approval", "--data", "not json"], "not JSON"),
     ]
     for args, message in cases:
-        result = cli(db, *args)
+        result = saga_cli(db.url, *args)
         assert result.returncode == 1, (args, result.stdout)
         assert message in result.stderr, (args, result.stderr)
     with pytest.raises(SignalRejected, match="invalid 'approval' data"):
@@ -221,14 +208,8 @@ def test_a_service_refuses_to_run_without_versions_that_unfinished_sagas_need(
     refused = pytest.raises(AssertionError, match="did not start")
     with refused, running_service(loans.registry_v2_only.as_service(), db, rabbit):
         pass
-    result = subprocess.run(
-        [SAGA, "consume", "tests.support.loans:registry_v2_only"],
-        cwd=REPO,
-        env={"SAGA_DATABASE_URL": db.url, "SAGA_BROKER_URL": rabbit.url, "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = saga_cli(
+        db.url, "consume", "tests.support.loans:registry_v2_only", SAGA_BROKER_URL=rabbit.url
     )
     assert result.returncode == 2, result.stderr
     assert "version 1 has 1 unfinished saga(s) but is not registered" in result.stderr
@@ -245,18 +226,18 @@ def test_migrating_running_sagas_and_versions_report(db: TestDatabase, lending: 
     for saga_id in early[:2]:  # these pass wait_approval before the migration
         signal(db, saga_id, "approval", loans.Approval(approver="ann"))
         wait_until(lambda s=saga_id: waiting_for(db, s, "signature"), what="passed approval")
-    dry = cli(db, "migrate-instances", "loan", "--to", "2", "--dry-run",
+    dry = saga_cli(db.url, "migrate-instances", "loan", "--to", "2", "--dry-run",
               "--registry", "tests.support.loans:registry_v2")  # fmt: skip
     assert "4 would move, 2 stay" in dry.stdout, dry.stderr
     assert db.scalar("SELECT count(*) FROM saga.saga_instances WHERE saga_version = 2") == 0
-    real = cli(db, "migrate-instances", "loan", "--to", "2", "--batch-size", "3",
+    real = saga_cli(db.url, "migrate-instances", "loan", "--to", "2", "--batch-size", "3",
                "--registry", "tests.support.loans:registry_v2")  # fmt: skip
     assert "moved 4" in real.stdout, real.stderr
     versions = dict(db.rows("SELECT id, saga_version FROM saga.saga_instances"))
     assert [versions[s] for s in early] == [1, 1, 2, 2, 2, 2]
     migrated_log = db.scalar("SELECT count(*) FROM saga.saga_steps WHERE outcome = 'migrated'")
     assert migrated_log == 4
-    report = cli(db, "versions", "--json")
+    report = saga_cli(db.url, "versions", "--json")
     rows = {(r["name"], r["version"]): r for r in __import__("json").loads(report.stdout)}
     assert rows[("loan", 1)]["waiting"] == 2 and rows[("loan", 2)]["waiting"] == 4
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,13 +14,13 @@ import pytest
 from pydantic import BaseModel
 
 from consumers import HandlerContext, Outcome, RetryPolicy, Service
-from examples.order_saga.processes import REPO, SAGA
 from saga import Outbox
 from saga.envelope import Envelope
 from saga.metrics import Metrics
 from saga.retention import Pruner, RetentionPolicy
 from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL, Flaky, Ping, service
@@ -33,18 +32,6 @@ JSON = "application/json"
 @pytest.fixture(autouse=True)
 def _effects_table(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
-
-
-def saga_cli(db: TestDatabase, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [SAGA, *args],
-        cwd=REPO,
-        env={"SAGA_DATABASE_URL": db.url, "COLUMNS": "200", "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def count(db: TestDatabase, query: str, *params: Any) -> int:
@@ -102,10 +89,10 @@ def test_replay_after_fix_applies_once_and_a_second_replay_changes_nothing(
         rabbit.publish_raw(service.name, broken.to_bytes(), JSON)
         wait_until(lambda: runner.counts[Outcome.DEAD_LETTERED] == 1, what="dead letter")
         letter_id = db.scalar("SELECT id FROM saga.dead_letters")
-        first = saga_cli(db, "dlq", "replay", str(letter_id))  # the 7th try succeeds: "fixed"
+        first = saga_cli(db.url, "dlq", "replay", str(letter_id))  # the 7th try succeeds: "fixed"
         assert first.returncode == 0, first.stderr
         wait_until(lambda: effects(db, "flaky-done", "fixed-later") == 1, what="replayed")
-        second = saga_cli(db, "dlq", "replay", str(letter_id))
+        second = saga_cli(db.url, "dlq", "replay", str(letter_id))
         assert second.returncode == 0, second.stderr
         wait_until(lambda: runner.counts[Outcome.DUPLICATE] == 1, what="second replay seen")
     assert effects(db, "flaky-done", "fixed-later") == 1
@@ -113,7 +100,7 @@ def test_replay_after_fix_applies_once_and_a_second_replay_changes_nothing(
     assert (status, replays) == ("replayed", 2)
     history = db.rows("SELECT replayed, refused, dead_letter_ids FROM saga.dead_letter_replays")
     assert history == [(1, 0, [letter_id]), (1, 0, [letter_id])]
-    listed = json.loads(saga_cli(db, "dlq", "list", "--status", "all", "--json").stdout)
+    listed = json.loads(saga_cli(db.url, "dlq", "list", "--status", "all", "--json").stdout)
     assert listed[0]["message_id"] == str(broken.message_id)
 
 
@@ -143,14 +130,14 @@ def test_replay_by_error_type_dry_run_lists_and_changes_nothing(db: TestDatabase
         _dead_letter(db, Ping(key=f"t{i}"), "GatewayTimeout")
     _dead_letter(db, Ping(key="other"), "KeyError")
     result = saga_cli(
-        db, "dlq", "replay", "--error-type", "GatewayTimeout", "--since", "1h", "--dry-run"
+        db.url, "dlq", "replay", "--error-type", "GatewayTimeout", "--since", "1h", "--dry-run"
     )
     assert result.returncode == 0, result.stderr
     assert "3 dead letter(s) would be replayed" in result.stdout
     assert count(db, "SELECT count(*) FROM saga.outbox") == 0
     assert count(db, "SELECT count(*) FROM saga.dead_letters WHERE status = 'pending'") == 4
     assert count(db, "SELECT count(*) FROM saga.dead_letter_replays") == 0
-    real = saga_cli(db, "dlq", "replay", "--error-type", "GatewayTimeout", "--since", "1h")
+    real = saga_cli(db.url, "dlq", "replay", "--error-type", "GatewayTimeout", "--since", "1h")
     assert "replayed 3 dead letter(s)" in real.stdout
     assert count(db, "SELECT count(*) FROM saga.outbox") == 3
     headers = [
@@ -162,7 +149,7 @@ def test_replay_by_error_type_dry_run_lists_and_changes_nothing(db: TestDatabase
 def test_many_dead_letters_replay_in_recorded_batches_with_progress(db: TestDatabase) -> None:
     for i in range(450):
         _dead_letter(db, Ping(key=f"k{i}"), "GatewayTimeout")
-    result = saga_cli(db, "dlq", "replay", "--error-type", "GatewayTimeout")
+    result = saga_cli(db.url, "dlq", "replay", "--error-type", "GatewayTimeout")
     assert "replayed 450 dead letter(s)" in result.stdout, result.stderr
     assert count(db, "SELECT count(*) FROM saga.outbox") == 450
     assert count(db, "SELECT sum(replayed) FROM saga.dead_letter_replays") == 450
@@ -180,7 +167,7 @@ def test_dlq_show_masks_secrets_unless_revealed(db: TestDatabase) -> None:
         Payment(order_id="o-1", card_number="4111111111111111", owner={"password": "hunter2"}),
         "Declined",
     )
-    masked = saga_cli(db, "dlq", "show", str(letter), "--json")
+    masked = saga_cli(db.url, "dlq", "show", str(letter), "--json")
     shown = json.loads(masked.stdout)
     assert shown["payload"] == {
         "order_id": "o-1",
@@ -188,9 +175,9 @@ def test_dlq_show_masks_secrets_unless_revealed(db: TestDatabase) -> None:
         "owner": {"password": "***"},
     }
     assert "4111111111111111" not in masked.stdout and "hunter2" not in masked.stdout
-    table = saga_cli(db, "dlq", "show", str(letter))
+    table = saga_cli(db.url, "dlq", "show", str(letter))
     assert "4111111111111111" not in table.stdout and "masked" in table.stdout
-    revealed = json.loads(saga_cli(db, "dlq", "show", str(letter), "--reveal", "--json").stdout)
+    revealed = json.loads(saga_cli(db.url, "dlq", "show", str(letter), "--reveal", "--json").stdout)
     assert revealed["payload"]["card_number"] == "4111111111111111"
     assert revealed["payload"]["owner"]["password"] == "hunter2"
 
@@ -202,14 +189,14 @@ def test_purge_and_unknown_ids(db: TestDatabase) -> None:
         "UPDATE saga.dead_letters SET last_failed_at = now() - interval '10 days' WHERE id = %s",
         (old,),
     )
-    dry = saga_cli(db, "dlq", "purge", "--before", "7d", "--dry-run")
+    dry = saga_cli(db.url, "dlq", "purge", "--before", "7d", "--dry-run")
     assert "1 dead letter(s) would be purged" in dry.stdout
-    assert "purged 1" in saga_cli(db, "dlq", "purge", "--before", "7d").stdout
+    assert "purged 1" in saga_cli(db.url, "dlq", "purge", "--before", "7d").stdout
     statuses = dict(db.rows("SELECT id, status FROM saga.dead_letters"))
     assert statuses == {keep: "pending", old: "purged"}
-    refused = saga_cli(db, "dlq", "replay", str(old))
+    refused = saga_cli(db.url, "dlq", "replay", str(old))
     assert refused.returncode == 1 and "purged" in refused.stdout
-    missing = saga_cli(db, "dlq", "replay", "999999")
+    missing = saga_cli(db.url, "dlq", "replay", "999999")
     assert missing.returncode == 1 and "no dead letters with ids [999999]" in missing.stderr
 
 
@@ -334,13 +321,15 @@ def test_prune_removes_finished_sagas_and_old_replayed_letters_only(db: TestData
         "last_replayed_at = now() - interval '20 days' WHERE id = %s",
         (old_letter,),
     )
-    result = saga_cli(db, "db", "prune")
+    result = saga_cli(db.url, "db", "prune")
     assert result.returncode == 0, result.stderr
     assert "deleted 1 sagas row(s)" in result.stdout
     assert [r[0] for r in db.rows("SELECT id FROM saga.saga_instances")] == [waiting]
     assert count(db, "SELECT count(*) FROM saga.saga_steps WHERE saga_id = %s", finished) == 0
     assert [r[0] for r in db.rows("SELECT id FROM saga.dead_letters")] == [pending_letter]
-    refused = saga_cli(db, "db", "prune", "--dedup-window", "7d", "--dead-letter-retention", "14d")
+    refused = saga_cli(
+        db.url, "db", "prune", "--dedup-window", "7d", "--dead-letter-retention", "14d"
+    )
     assert refused.returncode == 2 and "must be longer" in refused.stderr
 
 
@@ -366,25 +355,25 @@ def test_resume_a_saga_whose_compensation_failed_once_the_cause_is_fixed(
             conn, trips.TripData(trip_id="r1", book_fails=True, refund_failures=10_000)
         )
     wait_until(lambda: _status(db, saga_id) == "compensation_failed", what="compensation_failed")
-    stats = json.loads(saga_cli(db, "stats", "--json").stdout)
+    stats = json.loads(saga_cli(db.url, "stats", "--json").stdout)
     assert stats["counts"]["book_trip"] == {"compensation_failed": 1}
     trips.FIXED_REFUNDS.add("ch-r1")
-    result = saga_cli(db, "resume", str(saga_id), "--reason", "refund API fixed")
+    result = saga_cli(db.url, "resume", str(saga_id), "--reason", "refund API fixed")
     assert result.returncode == 0, result.stderr
     wait_until(lambda: _status(db, saga_id) == "compensated", what="compensated after resume")
     assert effects(db, "refund") == 1 and effects(db, "close") == 1
     assert db.scalar("SELECT status FROM saga.dead_letters") == "replayed"
-    again = saga_cli(db, "resume", str(saga_id))
+    again = saga_cli(db.url, "resume", str(saga_id))
     assert again.returncode == 1 and "nothing to resume" in again.stderr
 
 
 def test_resume_refuses_a_saga_that_is_making_progress(db: TestDatabase) -> None:
     with db.connect(autocommit=False) as conn, conn.transaction():
         saga_id = trips.trip.start(conn, trips.TripData(trip_id="r2"))
-    result = saga_cli(db, "resume", str(saga_id))
+    result = saga_cli(db.url, "resume", str(saga_id))
     assert result.returncode == 1 and "not stuck" in result.stderr
-    forced = saga_cli(db, "resume", str(saga_id), "--stuck-after", "0s")
+    forced = saga_cli(db.url, "resume", str(saga_id), "--stuck-after", "0s")
     assert forced.returncode == 0, forced.stderr
     assert count(db, "SELECT count(*) FROM saga.outbox WHERE message_type = 'saga.ResumeSaga'") == 1
-    stats = json.loads(saga_cli(db, "stats", "--json", "--stuck-after", "0s").stdout)
+    stats = json.loads(saga_cli(db.url, "stats", "--json", "--stuck-after", "0s").stdout)
     assert stats["stuck_count"] == 1 and stats["stuck"][0]["id"] == str(saga_id)

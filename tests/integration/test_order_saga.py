@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from examples.order_saga import driver, invariants
 from examples.order_saga.cluster import Cluster
 from tests.support.brokers import TestBroker
-from tests.support.databases import DatabaseFactory
-from tests.support.example_cluster import make_cluster, services_in_threads
-
-
-@pytest.fixture
-def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Iterator[Cluster]:
-    system, names = make_cluster(database_factory, rabbit)
-    yield system
-    for name in names:
-        database_factory.drop(name)
+from tests.support.example_cluster import services_in_threads
 
 
 def test_orders_complete_or_compensate_and_invariants_hold(

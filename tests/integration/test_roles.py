@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -10,11 +9,11 @@ import psycopg
 import pytest
 
 from consumers import Outcome
-from examples.order_saga.processes import REPO, SAGA
 from outbox_relay import Relay, RelayOptions
 from saga import Outbox
 from saga.envelope import Envelope
 from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.running import running_service
 from tests.support.services import EFFECTS_DDL, Flaky, Ping, service
@@ -28,15 +27,7 @@ def as_user(db: TestDatabase, user: str) -> str:
 @pytest.fixture
 def roles(db: TestDatabase) -> Iterator[dict[str, str]]:
     prefix = f"r{uuid.uuid4().hex[:8]}"
-    result = subprocess.run(
-        [SAGA, "db", "roles", "--apply", "--prefix", prefix],
-        cwd=REPO,
-        env={"SAGA_DATABASE_URL": db.url, "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = saga_cli(db.url, "db", "roles", "--apply", "--prefix", prefix)
     assert result.returncode == 0, result.stderr
     db.execute(EFFECTS_DDL)
     logins = {}
@@ -103,15 +94,7 @@ def test_operator_reads_and_replays_but_cannot_write_business_tables(
         "VALUES ('effects', 'failed', %s, 'E', 'boom') RETURNING id",
         (body,),
     )
-    result = subprocess.run(
-        [SAGA, "dlq", "replay", str(letter)],
-        cwd=REPO,
-        env={"SAGA_DATABASE_URL": as_user(db, roles["operator"]), "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = saga_cli(as_user(db, roles["operator"]), "dlq", "replay", str(letter))
     assert result.returncode == 0, result.stderr
     assert db.scalar("SELECT count(*) FROM saga.outbox") == 1
     denied = pytest.raises(psycopg.errors.InsufficientPrivilege)

@@ -141,9 +141,8 @@ def test_a_call_that_outlives_its_lease_is_told_so(
     try:
 
         def slow() -> Any:
-            # while we are slow, another attempt takes the key over
-            time.sleep(0.4)
-            other = SideEffects(db.url, lease=timedelta(seconds=5))
+            # while we are slow, another attempt waits out our lease and takes the key over
+            other = SideEffects(db.url, lease=timedelta(seconds=5), poll=0.01)
             try:
                 other.run("slow", call=lambda: {"by": "other"}, on_takeover=lambda: None)
             finally:

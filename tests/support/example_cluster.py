@@ -8,13 +8,16 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from consumers import ConsumerOptions, ServiceRunner
+from examples.order_saga import driver
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayServer
 from examples.order_saga.processes import SagaProcess
+from examples.order_saga.supervisor import Supervisor
 from saga.cli.loading import load_service
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
 from tests.support.running import running_relay
+from tests.support.wait import wait_until
 
 
 def make_cluster(factory: DatabaseFactory, broker: TestBroker) -> tuple[Cluster, list[str]]:
@@ -81,3 +84,16 @@ def services_as_processes(system: Cluster, log_dir: Path) -> Iterator[list[SagaP
         assert not failed, {
             n: next(p for p in processes if p.name == n).output()[-3000:] for n in failed
         }
+
+
+def settle(
+    system: Cluster, supervisor: Supervisor, sagas: int, timeout: float = 120
+) -> dict[str, int]:
+    """Wait, restarting what dies, until ``sagas`` finished and every outbox is drained."""
+
+    def settled() -> bool:
+        supervisor.watch()
+        return driver.quiescent(system, sagas)
+
+    wait_until(settled, timeout, interval=0.2, what=f"{sagas} sagas settled, outboxes drained")
+    return driver.status_counts(system)
