@@ -30,16 +30,11 @@ EFFECTS = {
 ORDER = [step.name for step in create_order.steps]
 
 
-def _rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
-    with system.connect(service) as conn:
-        return conn.execute(query).fetchall()  # type: ignore[arg-type]
-
-
 def classify(system: Cluster, report: invariants.Report) -> None:
     """Delivered, lost, duplicated and unexpected commands, from the step log and the effects."""
     succeeded = {
         f"{saga_id}:{step}"
-        for saga_id, step in _rows(
+        for saga_id, step in invariants.rows(
             system,
             "orders",
             "SELECT saga_id, step FROM saga.saga_steps "
@@ -49,7 +44,8 @@ def classify(system: Cluster, report: invariants.Report) -> None:
     }
     applied: Counter[str] = Counter()
     for service, table in set(EFFECTS.values()):
-        for key, count in _rows(system, service, f"SELECT id, count(*) FROM {table} GROUP BY id"):
+        query = f"SELECT id, count(*) FROM {table} GROUP BY id"
+        for key, count in invariants.rows(system, service, query):
             applied[key] += count
     delivered = sum(1 for key in succeeded if applied[key] == 1)
     lost = [key for key in succeeded if applied[key] == 0]
@@ -57,7 +53,7 @@ def classify(system: Cluster, report: invariants.Report) -> None:
     unexpected = [key for key in applied if key not in succeeded]
     running = {
         str(r[0])
-        for r in _rows(
+        for r in invariants.rows(
             system,
             "orders",
             "SELECT id FROM saga.saga_instances WHERE status IN ('running', 'compensating')",
@@ -81,7 +77,7 @@ def classify(system: Cluster, report: invariants.Report) -> None:
 def step_order(system: Cluster, report: invariants.Report) -> None:
     """Forward steps in definition order, then compensations in reverse, per saga."""
     log: dict[Any, list[tuple[str, str]]] = defaultdict(list)
-    for saga_id, step, phase in _rows(
+    for saga_id, step, phase in invariants.rows(
         system,
         "orders",
         "SELECT saga_id, step, phase FROM saga.saga_steps "
@@ -109,10 +105,10 @@ def drained(system: Cluster, report: invariants.Report) -> None:
     """No ready message left in any outbox, no pending dead letter."""
     ready = letters = 0
     for service in SERVICES:
-        ready += _rows(
+        ready += invariants.rows(
             system, service, "SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL"
         )[0][0]
-        letters += _rows(
+        letters += invariants.rows(
             system, service, "SELECT count(*) FROM saga.dead_letters WHERE status = 'pending'"
         )[0][0]
     report.figures.update(outbox_ready=ready, dead_letters_pending=letters)

@@ -10,8 +10,8 @@ from typing import Any
 
 from examples.order_saga import cluster
 from examples.order_saga.cluster import Cluster
+from examples.order_saga.gateway import DECLINED
 from examples.order_saga.orders import OrderData, create_order
-from examples.order_saga.payments import DECLINED
 
 
 @dataclass(frozen=True)

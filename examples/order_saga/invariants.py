@@ -18,7 +18,8 @@ class Report:
         return not self.violations
 
 
-def _rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
+def rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
+    """All rows of ``query`` on one service's database."""
     with system.connect(service) as conn:
         return conn.execute(query).fetchall()
 
@@ -26,11 +27,11 @@ def _rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
 def check(system: Cluster) -> Report:
     report = Report()
     sagas = dict(
-        _rows(system, "orders", "SELECT data->>'order_id', status FROM saga.saga_instances")
+        rows(system, "orders", "SELECT data->>'order_id', status FROM saga.saga_instances")
     )
     orders = {
         r[0]: (r[1], r[2], r[3])
-        for r in _rows(system, "orders", "SELECT id, status, customer_id, amount_cents FROM orders")
+        for r in rows(system, "orders", "SELECT id, status, customer_id, amount_cents FROM orders")
     }
     for status in ("completed", "compensated", "running", "compensating"):
         report.figures[f"sagas_{status}"] = sum(1 for s in sagas.values() if s == status)
@@ -52,9 +53,7 @@ def check(system: Cluster) -> Report:
 
 
 def _duplicates(system: Cluster, service: str, table: str, report: Report) -> None:
-    dup = _rows(
-        system, service, f"SELECT id, count(*) FROM {table} GROUP BY id HAVING count(*) > 1"
-    )
+    dup = rows(system, service, f"SELECT id, count(*) FROM {table} GROUP BY id HAVING count(*) > 1")
     report.figures[f"duplicate_{table}"] = len(dup)
     if dup:
         report.violations.append(f"{table}: effect applied twice for {dup[:3]}")
@@ -65,7 +64,7 @@ def _check_credit(
 ) -> None:
     _duplicates(system, "customers", "credit_reservations", report)
     held = dict(
-        _rows(
+        rows(
             system,
             "customers",
             "SELECT order_id, sum(amount_cents) FROM credit_reservations "
@@ -75,7 +74,7 @@ def _check_credit(
     expected = {o: orders[o][2] for o in approved}
     if {k: int(v) for k, v in held.items()} != expected:
         report.violations.append("credit reserved does not match the completed orders' amounts")
-    drift = _rows(
+    drift = rows(
         system,
         "customers",
         "SELECT c.customer_id FROM credit c LEFT JOIN (SELECT customer_id, sum(amount_cents) AS s "
@@ -92,7 +91,7 @@ def _check_stock(system: Cluster, report: Report, approved: set[str], rejected: 
     _duplicates(system, "inventory", "shipments", report)
     by_order = {
         r[0]: r[1]
-        for r in _rows(system, "inventory", "SELECT order_id, status FROM stock_reservations")
+        for r in rows(system, "inventory", "SELECT order_id, status FROM stock_reservations")
     }
     for order in approved:
         if by_order.get(order) != "shipped":
@@ -102,7 +101,7 @@ def _check_stock(system: Cluster, report: Report, approved: set[str], rejected: 
             report.violations.append(
                 f"rejected order {order} still holds stock ({by_order[order]})"
             )
-    drift = _rows(
+    drift = rows(
         system,
         "inventory",
         "SELECT s.sku FROM stock s LEFT JOIN (SELECT sku, sum(quantity) AS q "
@@ -118,10 +117,8 @@ def _check_payments(
     system: Cluster, report: Report, orders: dict[str, Any], approved: set[str], rejected: set[str]
 ) -> None:
     _duplicates(system, "payments", "charges", report)
-    charges = _rows(system, "payments", "SELECT order_id, status, id FROM charges")
-    refunds = _rows(
-        system, "payments", "SELECT charge_id, count(*) FROM refunds GROUP BY charge_id"
-    )
+    charges = rows(system, "payments", "SELECT order_id, status, id FROM charges")
+    refunds = rows(system, "payments", "SELECT charge_id, count(*) FROM refunds GROUP BY charge_id")
     per_order: dict[str, list[str]] = {}
     for order_id, status, _ in charges:
         per_order.setdefault(order_id, []).append(status)

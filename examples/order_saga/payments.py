@@ -14,14 +14,12 @@ import psycopg
 
 from consumers import HandlerContext, Service, StepFailed
 from examples.order_saga.flakiness import maybe_glitch
-from examples.order_saga.gateway import DECLINED, GatewayClient
+from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge
 
 Tx = psycopg.Connection[Any]
 
 service = Service("payments")
-
-__all__ = ["DECLINED", "service"]
 
 
 def gateway() -> GatewayClient:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -32,7 +31,6 @@ class Supervisor:
         self.commands = {name: (args, env) for name, args, env in commands}
         self.processes: dict[str, SagaProcess] = {}
         self.restarts: Counter[str] = Counter()
-        self.deaths: Counter[int] = Counter()  # by exit code (negative: signal)
         self.finished: set[str] = set()
         for name, (args, env) in self.commands.items():
             armed = {**env, FAULTS_VAR: faults} if faults else env
@@ -41,16 +39,13 @@ class Supervisor:
     def watch(self) -> int:
         """Restart every process that died; return how many were restarted.
 
-        A process that exited 0 on its own (the workload driver, done) stays finished.
+        A process that exited 0 on its own (the workload driver, done) is left alone.
         """
         restarted = 0
         for name, process in list(self.processes.items()):
             code = process.returncode
             if code is None or code == 0 or name in self.finished:
-                if code == 0:
-                    self.finished.add(name)
                 continue
-            self.deaths[code] += 1
             args, env = self.commands[name]
             self.processes[name] = SagaProcess(args, env, self.log_dir, name)
             self.restarts[name] += 1
@@ -65,13 +60,6 @@ class Supervisor:
 
     def resume(self, name: str) -> None:
         os.kill(self.processes[name].proc.pid, signal.SIGCONT)
-
-    def wait_all_running(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.watch() == 0:
-                return
-            time.sleep(0.2)
 
     def stop(self) -> dict[str, int]:
         """SIGTERM everything (graceful stop); return exit codes."""

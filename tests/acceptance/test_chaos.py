@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from examples.order_saga.chaos import KINDS
 from examples.order_saga.processes import REPO
 
 
@@ -24,5 +25,5 @@ def test_short_chaos_run_loses_nothing_and_applies_nothing_twice() -> None:
     figures = dict(item.split("=") for item in last.removeprefix("chaos: ").split())
     assert figures["lost"] == figures["duplicated"] == figures["unconverged"] == "0", last
     assert int(figures["sagas"]) >= 120
-    for kind in ("kill", "pause", "restart_rabbitmq", "restart_postgres", "idle_transaction"):
+    for kind in KINDS:
         assert f"'{kind}'" in output, f"no {kind} fault in {output[-2000:]}"

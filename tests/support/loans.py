@@ -10,17 +10,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from pydantic import BaseModel
 
-from consumers import HandlerContext, RetryPolicy, Service, StepFailed
+from consumers import HandlerContext, Service, StepFailed
 from saga import Saga, SagaRegistry
+from tests.support.sagas import FAST, Tx, effect
 
-Tx = psycopg.Connection[Any]
 LONG = timedelta(days=5)
 QUICK = timedelta(seconds=1)
 RACE = timedelta(seconds=3)
-FAST = RetryPolicy(immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.05,))
 
 
 class LoanData(BaseModel):
@@ -48,10 +46,6 @@ class Signature(BaseModel):
     signer: str
 
 
-def _effect(tx: Tx, kind: str, key: str) -> None:
-    tx.execute("INSERT INTO public.effects (kind, key) VALUES (%s, %s)", (kind, key))
-
-
 def _approve(d: LoanData, e: Approval) -> LoanData:
     if not e.approved:
         raise StepFailed(f"rejected by {e.approver}")
@@ -63,11 +57,11 @@ def build_loan(version: int) -> Saga[LoanData]:
 
     @loan.local("request_loan", compensate="cancel_request")
     def request_loan(tx: Tx, d: LoanData) -> None:
-        _effect(tx, "request", d.loan_id)
+        effect(tx, "request", d.loan_id)
 
     @loan.local_compensation("cancel_request")
     def cancel_request(tx: Tx, d: LoanData) -> None:
-        _effect(tx, "cancel", d.loan_id)
+        effect(tx, "cancel", d.loan_id)
 
     loan.remote(
         "credit_check",
@@ -81,13 +75,13 @@ def build_loan(version: int) -> Saga[LoanData]:
 
         @loan.local("compliance_check")
         def compliance_check(tx: Tx, d: LoanData) -> None:
-            _effect(tx, "compliance", d.loan_id)
+            effect(tx, "compliance", d.loan_id)
 
     loan.wait("wait_signature", event="signature", payload=Signature)
 
     @loan.local("disburse")
     def disburse(tx: Tx, d: LoanData) -> None:
-        _effect(tx, "disburse", d.loan_id)
+        effect(tx, "disburse", d.loan_id)
 
     if version >= 2:
         loan.migrate_from(1, unless_passed="wait_approval")
@@ -99,17 +93,17 @@ def build_quick(name: str = "quick_loan", timeout: timedelta = QUICK) -> Saga[Lo
 
     @quick.local("open", compensate="close")
     def open_(tx: Tx, d: LoanData) -> None:
-        _effect(tx, "open", d.loan_id)
+        effect(tx, "open", d.loan_id)
 
     @quick.local_compensation("close")
     def close(tx: Tx, d: LoanData) -> None:
-        _effect(tx, "close", d.loan_id)
+        effect(tx, "close", d.loan_id)
 
     quick.wait("approval", event="approval", payload=Approval, timeout=timeout, on_event=_approve)
 
     @quick.local("pay")
     def pay(tx: Tx, d: LoanData) -> None:
-        _effect(tx, "pay", d.loan_id)
+        effect(tx, "pay", d.loan_id)
 
     return quick
 

@@ -26,15 +26,24 @@ class Pump:
 
     def run(self, max_rounds: int = 100) -> int:
         """Deliver until every outbox is empty of ready rows; return messages delivered."""
-        delivered = 0
-        for _ in range(max_rounds):
-            moved = self._round()
-            delivered += moved
-            if not moved:
-                return delivered
-        raise AssertionError(f"messages still flowing after {max_rounds} rounds")
+        processors = {  # one side-effect guard (a connection pool) per service, for the run
+            name: BatchProcessor(service, effects=SideEffects(url))
+            for name, (url, service) in self.services.items()
+        }
+        try:
+            delivered = 0
+            for _ in range(max_rounds):
+                moved = self._round(processors)
+                delivered += moved
+                if not moved:
+                    return delivered
+            raise AssertionError(f"messages still flowing after {max_rounds} rounds")
+        finally:
+            for processor in processors.values():
+                assert processor.effects is not None
+                processor.effects.close()
 
-    def _round(self) -> int:
+    def _round(self, processors: dict[str, BatchProcessor]) -> int:
         pending: list[tuple[str, bytes]] = []
         for url, _ in self.services.values():
             with psycopg.connect(url) as conn:
@@ -45,14 +54,8 @@ class Pump:
             pending.extend((r[0], bytes(r[1])) for r in sorted(rows, key=lambda r: r[2]))
         for destination, body in pending:
             self.seen.append(Envelope.from_bytes(body))
-            url, service = self.services[destination]
-            effects = SideEffects(url)
-            try:
-                with psycopg.connect(url) as conn:
-                    processor = BatchProcessor(service, effects=effects)
-                    processor.process(conn, [Delivery(body, "application/json")])
-            finally:
-                effects.close()
+            with psycopg.connect(self.services[destination][0]) as conn:
+                processors[destination].process(conn, [Delivery(body, "application/json")])
         return len(pending)
 
 

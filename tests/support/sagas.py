@@ -59,7 +59,7 @@ class Upgrade(BaseModel):
     trip_id: str
 
 
-def _effect(tx: Tx, kind: str, key: str) -> None:
+def effect(tx: Tx, kind: str, key: str) -> None:
     tx.execute("INSERT INTO public.effects (kind, key) VALUES (%s, %s)", (kind, key))
 
 
@@ -72,12 +72,12 @@ trip = Saga(
 
 @trip.local("open_trip", compensate="close_trip")
 def open_trip(tx: Tx, d: TripData) -> None:
-    _effect(tx, "open", d.trip_id)
+    effect(tx, "open", d.trip_id)
 
 
 @trip.local_compensation("close_trip")
 def close_trip(tx: Tx, d: TripData) -> None:
-    _effect(tx, "close", d.trip_id)
+    effect(tx, "close", d.trip_id)
 
 
 trip.remote(
@@ -104,7 +104,7 @@ trip.remote(
 
 @trip.local("confirm")
 def confirm(tx: Tx, d: TripData) -> None:
-    _effect(tx, "confirm", d.trip_id)
+    effect(tx, "confirm", d.trip_id)
 
 
 FAST = RetryPolicy(immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.05,))
@@ -119,7 +119,7 @@ FIXED_REFUNDS: set[str] = set()
 
 @bank.handler(Charge)
 def charge(tx: Tx, cmd: Charge, ctx: HandlerContext) -> Charged:
-    _effect(tx, "charge", cmd.trip_id)
+    effect(tx, "charge", cmd.trip_id)
     return Charged(charge_id=f"ch-{cmd.trip_id}")
 
 
@@ -129,19 +129,19 @@ def refund(tx: Tx, cmd: Refund, ctx: HandlerContext) -> None:
     fixed = cmd.charge_id in FIXED_REFUNDS
     if not fixed and _tries[f"refund:{cmd.charge_id}"] <= cmd.failures:
         raise StepFailed(f"refund refused ({_tries[f'refund:{cmd.charge_id}']})")
-    _effect(tx, "refund", cmd.charge_id)
+    effect(tx, "refund", cmd.charge_id)
 
 
 @bank.handler(Upgrade)
 def upgrade(tx: Tx, cmd: Upgrade, ctx: HandlerContext) -> None:
-    _effect(tx, "upgrade", cmd.trip_id)
+    effect(tx, "upgrade", cmd.trip_id)
 
 
 @bank.handler(Book)
 def book(tx: Tx, cmd: Book, ctx: HandlerContext) -> None:
     if cmd.fail:
         raise StepFailed("no rooms")
-    _effect(tx, "book", cmd.trip_id)
+    effect(tx, "book", cmd.trip_id)
 
 
 @bank.handler(Notify)
@@ -149,4 +149,4 @@ def notify(tx: Tx, cmd: Notify, ctx: HandlerContext) -> None:
     _tries[f"notify:{cmd.trip_id}"] += 1
     if _tries[f"notify:{cmd.trip_id}"] <= cmd.failures:
         raise StepFailed("mail server says no")
-    _effect(tx, "notify", cmd.trip_id)
+    effect(tx, "notify", cmd.trip_id)
