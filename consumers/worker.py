@@ -26,7 +26,7 @@ from consumers.processing import BatchProcessor, Delivery, Outcome
 from consumers.service import Service
 from outbox_relay.publisher import BatchPublisher
 from outbox_relay.store import RelayStore
-from saga.effects import SideEffects
+from saga.effects import DEFAULT_LEASE, SideEffects
 from saga.envelope import CONTENT_TYPE
 from saga.errors import SagaError
 from saga.faults import fault_point
@@ -60,7 +60,7 @@ class ConsumerOptions:
     #: safety net for anything this misses); cuts a relay poll out of every hop's latency.
     publish_after_commit: bool = True
     #: How long a side-effect call may run before another attempt may take it over.
-    side_effect_lease: float = 30.0
+    side_effect_lease: float = DEFAULT_LEASE.total_seconds()
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)

@@ -231,6 +231,11 @@ class Saga(Generic[D]):
         retry attempts) or compensate, this step included
         (``on_deadline="compensate"``).
         """
+        if on_deadline not in (RETRY, COMPENSATE):
+            raise ConfigurationError(
+                f"step {name!r}: on_deadline must be {RETRY!r} or {COMPENSATE!r}, "
+                f"not {on_deadline!r}"
+            )
         self.steps.append(
             RemoteStep(
                 name=name,
@@ -369,23 +374,19 @@ class Saga(Generic[D]):
             )
 
     def _wait_problems(self, index: int, step: WaitStep, pivot: int | None) -> list[str]:
-        problems = []
+        problems: list[str] = []
         if not (isinstance(step.payload, type) and issubclass(step.payload, BaseModel)):
             problems.append(f"wait step {step.name!r}: payload must be a pydantic model class")
         target = step.on_timeout
-        if step.timeout is not None and target != COMPENSATE:
-            later = [s.name for s in self.steps[index + 1 :]]
-            if target not in later:
+        if step.timeout is None:
+            return problems  # without a timeout, on_timeout never applies
+        if target != COMPENSATE:
+            if target not in [s.name for s in self.steps[index + 1 :]]:
                 problems.append(
                     f"wait step {step.name!r}: on_timeout {target!r} is neither 'compensate' "
                     "nor a later step"
                 )
-        if (
-            step.timeout is not None
-            and target == COMPENSATE
-            and pivot is not None
-            and index > pivot
-        ):
+        elif pivot is not None and index > pivot:
             problems.append(
                 f"wait step {step.name!r} is after the pivot, so its timeout cannot compensate; "
                 "name a later step in on_timeout"

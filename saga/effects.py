@@ -44,6 +44,9 @@ from saga.redact import redact_url
 
 logger = logging.getLogger(__name__)
 
+#: How long a call may run before another attempt may take its key over, unless configured.
+DEFAULT_LEASE = timedelta(seconds=30)
+
 _INSERT = """
 INSERT INTO {schema}.side_effects (key, state, owner, lease_until, attempts)
 VALUES (%s, 'in_progress', %s, now() + %s::interval, 1)
@@ -100,7 +103,7 @@ class SideEffects:
         database_url: str,
         *,
         schema: str = "saga",
-        lease: timedelta = timedelta(seconds=30),
+        lease: timedelta = DEFAULT_LEASE,
         poll: float = 0.05,
         max_connections: int = 4,
     ) -> None:

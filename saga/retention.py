@@ -123,10 +123,7 @@ class Pruner:
             ("replays", render(_REPLAYS, schema), p.saga_retention),
             ("claim_checks", render(_CLAIMS, schema), timedelta(0)),
         ]
-        self._counts = {
-            k: (render(q, schema), age)
-            for (k, _, age), q in zip(self._jobs, _COUNTS.values(), strict=True)
-        }
+        self._counts = {k: (render(_COUNTS[k], schema), age) for k, _, age in self._jobs}
 
     def count(self, conn: psycopg.Connection[Any]) -> PruneReport:
         """What :meth:`prune` would delete now (a dry run)."""

@@ -11,10 +11,12 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from saga.effects import DEFAULT_LEASE
 from saga.errors import ConfigurationError
 from saga.identifiers import validate_schema
 from saga.redact import password_of, redact_url
 from saga.signing import KeyRing
+from saga.transport import DEFAULT_HEARTBEAT
 
 ENV_DATABASE_URL = "SAGA_DATABASE_URL"
 ENV_BROKER_URL = "SAGA_BROKER_URL"
@@ -30,8 +32,8 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
     redis_url: str | None = None
-    broker_heartbeat: int = 20
-    side_effect_lease: float = 30.0
+    broker_heartbeat: int = DEFAULT_HEARTBEAT
+    side_effect_lease: float = DEFAULT_LEASE.total_seconds()
     signing_keys: SecretStr | None = None
     require_signature: bool = False
     db_schema: str = Field(

@@ -51,12 +51,16 @@ class Topology:
         )
 
 
+#: Seconds between AMQP heartbeats unless configured.
+DEFAULT_HEARTBEAT = 20
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """Where the broker is and how to talk to it."""
 
     url: str
-    heartbeat: int = 20
+    heartbeat: int = DEFAULT_HEARTBEAT
     connect_timeout: float = 10.0
     #: Redis: seconds before an unacknowledged message (its consumer died) is redelivered.
     visibility_timeout: int = 300

@@ -20,6 +20,7 @@ from saga.settings import (
     Settings,
     load_settings,
 )
+from saga.transport import DEFAULT_HEARTBEAT
 
 console = Console()
 err_console = Console(stderr=True)
@@ -61,7 +62,8 @@ HeartbeatOption = Annotated[
     int | None,
     typer.Option(
         "--heartbeat",
-        help="AMQP heartbeat in seconds (default 20). Env: SAGA_BROKER_HEARTBEAT.",
+        help=f"AMQP heartbeat in seconds (default {DEFAULT_HEARTBEAT}). "
+        "Env: SAGA_BROKER_HEARTBEAT.",
         show_default=False,
     ),
 ]

@@ -197,3 +197,9 @@ def test_registry_service_handles_every_reply_type() -> None:
     late.local("a")(_noop)
     with pytest.raises(ConfigurationError, match="before the registry's service starts"):
         registry.register(late)
+
+
+def test_a_misspelt_on_deadline_is_refused() -> None:
+    saga = _saga()
+    with pytest.raises(ConfigurationError, match="on_deadline must be"):
+        saga.remote("reserve", service="inv", command=Reserve, on_deadline="compensat")
