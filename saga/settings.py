@@ -62,7 +62,8 @@ class Settings(BaseSettings):
         """Every secret these settings hold, to scrub from logs."""
         found = [password_of(self.database_url), password_of(self.broker_url)]
         if self.signing_keys:
-            found += [p.partition(":")[2] for p in self.signing_keys.get_secret_value().split(",")]
+            ring = KeyRing.parse(self.signing_keys.get_secret_value())
+            found += [secret.decode() for _, secret in ring.keys]
         return [s for s in found if s]
 
     def require_database_url(self) -> str:

@@ -29,6 +29,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import sql
@@ -45,6 +46,9 @@ ADMIN_URL = os.environ.get(
     "SAGA_CHAOS_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 BROKER_URL = os.environ.get("SAGA_CHAOS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+#: The local servers the run restarts, and waits for on these ports.
+POSTGRES_PORT = urlsplit(ADMIN_URL).port or 5432
+RABBITMQ_PORT = urlsplit(BROKER_URL).port or 5672
 
 
 def _url(name: str) -> str:
@@ -100,7 +104,7 @@ class FaultInjector:
     def restart_rabbitmq(self) -> None:
         subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
         subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
-        _wait_port(5672, 60)
+        _wait_port(RABBITMQ_PORT, 60)
 
     def restart_postgres(self) -> None:
         version = sorted(os.listdir("/etc/postgresql"))[0]
@@ -118,7 +122,7 @@ class FaultInjector:
             capture_output=True,
             timeout=120,
         )
-        _wait_port(5432, 60)
+        _wait_port(POSTGRES_PORT, 60)
 
     def idle_transaction(self) -> None:
         """A transaction that starts a saga, sits idle, and commits late."""
@@ -208,8 +212,8 @@ def run(
                 raise
             print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
         injector.settle()
-        _wait_port(5432, 60)
-        _wait_port(5672, 60)
+        _wait_port(POSTGRES_PORT, 60)
+        _wait_port(RABBITMQ_PORT, 60)
         faults_end = time.monotonic()
         expected = sagas + len(injector.late_orders)
         converged = _quiesce(system, supervisor, expected, timeout=max(120.0, duration))
