@@ -214,8 +214,11 @@ class SagaRegistry:
                     conn, name, rule.from_version, rule.unless_passed
                 )
             stayed[rule.from_version] = would_stay
-            moved[rule.from_version] = would_move if dry_run else 0
-            while not dry_run:
+            if dry_run:
+                moved[rule.from_version] = would_move
+                continue
+            moved[rule.from_version] = 0
+            while True:
                 with conn.transaction():
                     batch = store.migrate_batch(
                         conn, name, rule.from_version, to_version, rule.unless_passed, batch_size

@@ -21,6 +21,7 @@ from saga.cli.common import (
 from saga.cli.loading import load_registry
 from saga.errors import SignalRejected
 from saga.outbox import Outbox
+from saga.registry import MigrationReport
 from saga.signals import check_waiting, queue_signal
 from saga.store import SagaStore
 
@@ -99,11 +100,7 @@ def migrate_instances(
         plan = target.migrate_instances(conn, name, to, dry_run=True)
         total = sum(plan.moved.values())
         if dry_run:
-            for version in sorted(plan.moved):
-                console.print(
-                    f"v{version} -> v{to}: {plan.moved[version]:,} would move, "
-                    f"{plan.stayed[version]:,} stay (already past the guard step)"
-                )
+            _print_report(plan, to, dry_run=True)
             console.print("dry run: nothing changed")
             return
         with Progress(
@@ -117,8 +114,14 @@ def migrate_instances(
                 batch_size=batch_size,
                 on_progress=lambda n: progress.advance(task, n),
             )
+    _print_report(report, to, dry_run=False)
+
+
+def _print_report(report: MigrationReport, to: int, *, dry_run: bool) -> None:
     for version in sorted(report.moved):
+        count = report.moved[version]
+        moved = f"{count:,} would move" if dry_run else f"moved {count:,}"
         console.print(
-            f"v{version} -> v{to}: moved {report.moved[version]:,}, "
+            f"v{version} -> v{to}: {moved}, "
             f"{report.stayed[version]:,} stay (already past the guard step)"
         )
