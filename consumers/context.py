@@ -8,7 +8,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from saga.effects import SideEffects
-from saga.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
+from saga.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, STEP_HEADER, Envelope
 from saga.errors import ConfigurationError
 from saga.metrics import Metrics
 from saga.outbox import OutgoingMessage
@@ -66,6 +66,16 @@ class HandlerContext:
         return self.envelope.headers.get(IDEMPOTENCY_KEY_HEADER) or str(self.envelope.message_id)
 
     @property
+    def compensated_key(self) -> str | None:
+        """On a saga's compensation, the idempotency key of the step it undoes; else None.
+
+        A compensation must tolerate "nothing to undo": the step's command may have
+        failed, never run, or run with its answer lost. Use this key to look for what
+        the command did (``ctx.effects``, an external API's lookup by idempotency key).
+        """
+        return self.envelope.headers.get(COMPENSATES_HEADER)
+
+    @property
     def effects(self) -> SideEffects:
         """The guard for calls to the outside world, on this service's database::
 
@@ -97,7 +107,16 @@ class HandlerContext:
         return envelope.message_id
 
     def reply(self, message: BaseModel) -> UUID | None:
-        """Send ``message`` to the sender's ``reply_to``; None when the sender asked for none."""
+        """Send ``message`` to the sender's ``reply_to``; None when the sender asked for none.
+
+        The reply names the step (and the step a compensation undoes) of the request, so
+        a saga that has moved on still knows what a late answer is about.
+        """
         if not self.envelope.reply_to:
             return None
-        return self.send(message, to=self.envelope.reply_to)
+        headers = {
+            name: value
+            for name in (STEP_HEADER, COMPENSATES_HEADER)
+            if (value := self.envelope.headers.get(name)) is not None
+        }
+        return self.send(message, to=self.envelope.reply_to, headers=headers)

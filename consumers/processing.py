@@ -31,15 +31,20 @@ from consumers.inbox import Inbox
 from consumers.retry import BatchConflict
 from consumers.service import Service
 from saga import tracing
+from saga.closed_steps import ClosedSteps
 from saga.dead_letters import DeadLetter, DeadLetterStore
 from saga.effects import SideEffects
-from saga.envelope import ATTEMPT_HEADER, COMMITTED_AT_HEADER, STEP_HEADER
+from saga.envelope import (
+    ATTEMPT_HEADER,
+    COMMITTED_AT_HEADER,
+    STEP_HEADER,
+)
 from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
 from saga.faults import fault_point
 from saga.logcontext import log_context
 from saga.metrics import Metrics
 from saga.outbox import Outbox, OutgoingMessage
-from saga.replies import DEAD_LETTERED, Ack, FailureReply
+from saga.replies import DEAD_LETTERED, STEP_CLOSED, Ack, FailureReply
 from saga.signing import KeyRing, SignatureRejected
 
 logger = logging.getLogger(__name__)
@@ -66,6 +71,7 @@ class Outcome(StrEnum):
     RETRY_SCHEDULED = "retry_scheduled"
     DEAD_LETTERED = "dead_lettered"
     REJECTED = "rejected"
+    STALE = "stale"  # a command for a step already compensated here: not executed
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,8 @@ class BatchProcessor:
         self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
         self.inbox = Inbox(schema)
+        self.closed_steps = ClosedSteps(schema)
+        self._closed: set[str] = set()
         self.dead_letters = DeadLetterStore(schema)
         self.max_message_bytes = max_message_bytes or self.outbox.max_message_bytes
 
@@ -120,6 +128,7 @@ class BatchProcessor:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
             fresh = self._record_inbox(conn, checked)
+            self._closed = self._find_closed(conn, checked, fresh)
             outcomes = [
                 self._handle(conn, delivery, item, fresh)
                 for delivery, item in zip(deliveries, checked, strict=True)
@@ -176,6 +185,22 @@ class BatchProcessor:
         with self._conflicts_end_the_batch():  # the same message in another open batch
             return self.inbox.record(conn, self.service.name, ids)
 
+    def _find_closed(
+        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
+    ) -> set[str]:
+        """The step keys of this batch's new forward commands whose steps were compensated."""
+        keys = [
+            key
+            for item in checked
+            if isinstance(item, Decoded)
+            and item.envelope.message_id in fresh
+            and (key := item.envelope.step_key) is not None
+        ]
+        if not keys:
+            return set()
+        with self._conflicts_end_the_batch():  # a compensation of the same step in flight
+            return self.closed_steps.lock_and_find(conn, keys)
+
     def _handle(
         self,
         conn: psycopg.Connection[Any],
@@ -188,6 +213,9 @@ class BatchProcessor:
             outcome = self._reject(conn, delivery, item)
         elif item.envelope.message_id not in fresh:
             outcome = Outcome.DUPLICATE
+        elif item.envelope.step_key in self._closed:
+            fresh.discard(item.envelope.message_id)
+            outcome = self._refuse_closed(conn, item)
         else:
             fresh.discard(item.envelope.message_id)  # a second copy in this batch is a duplicate
             decoded, envelope = item, item.envelope
@@ -279,6 +307,10 @@ class BatchProcessor:
         envelope = decoded.envelope
         with _savepoint(conn):
             ctx = HandlerContext(envelope, self.service.name, self.metrics, self.effects)
+            closing = ctx.compensated_key
+            if closing is not None:
+                self.closed_steps.close(conn, self.service.name, closing)
+                self._closed.add(closing)  # its command later in this batch is refused too
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
             self.outbox.add_many(conn, ctx.outgoing)
@@ -317,6 +349,25 @@ class BatchProcessor:
             extra=_log_extra(decoded, self.service.name),
         )
         return Outcome.BUSINESS_FAILURE
+
+    def _refuse_closed(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
+        """Acknowledge a command whose step was compensated here, without running it."""
+        envelope = decoded.envelope
+        reason = (
+            f"not executed: step {envelope.headers.get(STEP_HEADER)!r} was already "
+            f"compensated by {self.service.name}"
+        )
+        ctx = HandlerContext(envelope, self.service.name)
+        ctx.reply(FailureReply(reason=reason, code=STEP_CLOSED, failed_type=envelope.type))
+        self.outbox.add_many(conn, ctx.outgoing)
+        logger.warning(
+            "%s refused stale %s: %s",
+            self.service.name,
+            envelope.type,
+            reason,
+            extra=_log_extra(decoded, self.service.name),
+        )
+        return Outcome.STALE
 
     def _technical_failure(
         self,

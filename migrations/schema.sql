@@ -69,7 +69,7 @@ CREATE TABLE saga_instances (
     service            text        NOT NULL,
     status             text        NOT NULL CHECK (status IN (
                            'running', 'compensating', 'completed', 'compensated',
-                           'compensation_failed', 'forward_failed')),
+                           'compensation_failed', 'forward_failed', 'step_dead_lettered')),
     step               text,
     data               jsonb       NOT NULL,
     completed_steps    text[]      NOT NULL DEFAULT '{}',
@@ -113,7 +113,7 @@ CREATE TABLE saga_steps (
 );
 ALTER TABLE saga_steps ADD CONSTRAINT saga_steps_outcome_check CHECK (outcome IN (
     'succeeded', 'failed', 'skipped', 'retrying', 'timed_out', 'ignored', 'migrated',
-    'deadline_exceeded'));
+    'deadline_exceeded', 'held', 'late_success'));
 CREATE INDEX saga_steps_saga ON saga_steps (saga_id, id);
 CREATE INDEX saga_steps_finished_at ON saga_steps USING brin (finished_at);
 
@@ -148,7 +148,7 @@ CREATE INDEX saga_instances_finished_at
 CREATE VIEW saga_failures AS
 SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at
 FROM saga_instances
-WHERE status IN ('compensated', 'compensation_failed', 'forward_failed')
+WHERE status IN ('compensated', 'compensation_failed', 'forward_failed', 'step_dead_lettered')
    OR (status = 'compensating');
 
 -- Dead letters awaiting an operator, grouped the way they are usually triaged.
@@ -184,3 +184,11 @@ CREATE TABLE side_effects (
     updated_at   timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX side_effects_in_progress ON side_effects (lease_until) WHERE state = 'in_progress';
+
+-- Steps a participant has compensated: a forward command for one of them is refused.
+CREATE TABLE closed_steps (
+    step_key  text        PRIMARY KEY,
+    consumer  text        NOT NULL,
+    closed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX closed_steps_closed_at ON closed_steps USING brin (closed_at);

@@ -32,9 +32,10 @@ D = TypeVar("D", bound=BaseModel)
 
 Tx = psycopg.Connection[Any]
 
-#: ``on_timeout`` / ``on_deadline`` values.
+#: ``on_timeout`` / ``on_deadline`` / ``on_dead_letter`` values.
 COMPENSATE = "compensate"
 RETRY = "retry"
+HOLD = "hold"
 DEFAULT_MAX_DATA_BYTES = 64 * 1024
 LocalAction = Callable[[Tx, Any], BaseModel | None]
 CommandBuilder = Callable[[Any], BaseModel]
@@ -88,6 +89,7 @@ class RemoteStep:
     retry: StepRetry | None = None
     deadline: timedelta | None = None
     on_deadline: str = RETRY
+    on_dead_letter: str = COMPENSATE
 
     kind = "remote"
 
@@ -219,6 +221,7 @@ class Saga(Generic[D]):
         retry: StepRetry | None = None,
         deadline: timedelta | None = None,
         on_deadline: str = RETRY,
+        on_dead_letter: str = COMPENSATE,
     ) -> None:
         """A step that sends ``command(data)`` to ``service`` and waits for its reply.
 
@@ -230,12 +233,23 @@ class Saga(Generic[D]):
         the command again (``on_deadline="retry"``, same message id, up to the
         retry attempts) or compensate, this step included
         (``on_deadline="compensate"``).
+
+        When the participant gives up on the command (it becomes a dead letter there),
+        its outcome is unknown: it may have had its effect. ``on_dead_letter="compensate"``
+        compensates the saga, this step included; ``on_dead_letter="hold"`` keeps the saga
+        at this step (status ``step_dead_lettered``) until an operator replays the letter
+        (the saga goes on) or purges it (the saga compensates, this step included).
+        Either way a compensation must tolerate "nothing to undo".
         """
-        if on_deadline not in (RETRY, COMPENSATE):
-            raise ConfigurationError(
-                f"step {name!r}: on_deadline must be {RETRY!r} or {COMPENSATE!r}, "
-                f"not {on_deadline!r}"
-            )
+        for option, value, allowed in (
+            ("on_deadline", on_deadline, (RETRY, COMPENSATE)),
+            ("on_dead_letter", on_dead_letter, (COMPENSATE, HOLD)),
+        ):
+            if value not in allowed:
+                raise ConfigurationError(
+                    f"step {name!r}: {option} must be {allowed[0]!r} or {allowed[1]!r}, "
+                    f"not {value!r}"
+                )
         self.steps.append(
             RemoteStep(
                 name=name,
@@ -251,6 +265,7 @@ class Saga(Generic[D]):
                 retry=retry,
                 deadline=deadline,
                 on_deadline=on_deadline,
+                on_dead_letter=on_dead_letter,
             )
         )
 

@@ -27,6 +27,10 @@ STEP_HEADER = "step"
 #: Header carrying the key a participant uses to make a step's effect idempotent.
 IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 
+#: Header on a compensation: the idempotency key of the step it undoes. The participant
+#: records that key as closed, and refuses a forward command for it that comes later.
+COMPENSATES_HEADER = "compensates"
+
 #: Broker header (not part of the signed body): when the message's outbox row committed,
 #: in epoch seconds, where its publisher knows it. For latency metrics only.
 COMMITTED_AT_HEADER = "committed_at"
@@ -102,6 +106,14 @@ class Envelope(BaseModel):
             return max(1, int(self.headers.get(ATTEMPT_HEADER, "1")))
         except ValueError:
             return 1
+
+    @property
+    def step_key(self) -> str | None:
+        """The idempotency key of a saga step's forward command; None for a compensation
+        (it names the step it undoes instead) and for messages without a key."""
+        if COMPENSATES_HEADER in self.headers:
+            return None
+        return self.headers.get(IDEMPOTENCY_KEY_HEADER)
 
     def with_headers(self, **headers: str) -> Envelope:
         """A copy with some headers set (the message id is kept)."""

@@ -17,8 +17,17 @@ import psycopg
 from pydantic import BaseModel
 
 from saga.dead_letters import DeadLetter
-from saga.definition import COMPENSATE, RETRY, LocalStep, RemoteStep, Saga, Step, WaitStep
-from saga.envelope import IDEMPOTENCY_KEY_HEADER, STEP_HEADER, Envelope
+from saga.definition import (
+    COMPENSATE,
+    HOLD,
+    RETRY,
+    LocalStep,
+    RemoteStep,
+    Saga,
+    Step,
+    WaitStep,
+)
+from saga.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, STEP_HEADER, Envelope
 from saga.errors import (
     ConfigurationError,
     StaleReply,
@@ -31,6 +40,7 @@ from saga.metrics import Metrics
 from saga.outbox import OutgoingMessage
 from saga.replies import (
     DEAD_LETTERED,
+    PURGED,
     FailureReply,
     ResumeSaga,
     Signal,
@@ -84,6 +94,7 @@ class SagaRun:
 
     def on_success(self, reply: BaseModel) -> None:
         step = self._current()
+        self._release_hold()
         if self.record.status is SagaStatus.RUNNING:
             if isinstance(step, RemoteStep) and step.reply and not isinstance(reply, step.reply):
                 raise UnexpectedReply(
@@ -105,10 +116,15 @@ class SagaRun:
     def on_failure(self, failure: FailureReply) -> None:
         step = self._current()
         reason = f"{step.name}: {failure.reason}"
+        self._release_hold()
         if self.record.status is SagaStatus.RUNNING:
             self._log(step, Phase.FORWARD, "failed", self.record.step_started_at, reason)
             if self.saga.after_pivot(step.name):
                 self._retry_or_give_up(step, Phase.FORWARD, reason)
+            elif failure.code == DEAD_LETTERED and _holds_dead_letters(step):
+                self._hold(step, reason)
+            elif failure.code in (DEAD_LETTERED, PURGED):
+                self._compensate_in_doubt(step, reason)
             else:
                 self._begin_compensation(reason)
         else:
@@ -128,6 +144,7 @@ class SagaRun:
     def resume(self) -> bool:
         """Try again what stopped the saga; False when there is nothing to resume."""
         record = self.record
+        self._release_hold()  # a held step is sent again, like a stuck one
         if record.status is SagaStatus.COMPENSATION_FAILED:
             record.status = SagaStatus.COMPENSATING
             self._compensate_next(attempt=1)
@@ -225,9 +242,74 @@ class SagaRun:
         elif self.saga.after_pivot(step.name):
             self._give_up(step, Phase.FORWARD, reason)
         else:
-            # In doubt: the participant may still apply the command, so undo it too.
-            self.record.completed_steps.append(step.name)
-            self._begin_compensation(reason)
+            self._compensate_in_doubt(step, reason)
+
+    # -- steps whose outcome is unknown -----------------------------------------
+
+    def _compensate_in_doubt(self, step: Step, reason: str) -> None:
+        """Compensate, this step included: its command may have had its effect (the
+        participant gave up after technical failures, or never answered in time)."""
+        self.record.completed_steps.append(step.name)
+        self._begin_compensation(reason)
+
+    def _hold(self, step: Step, reason: str) -> None:
+        """Keep the saga at ``step`` until the operator replays or purges its dead letter.
+
+        The pending message id stays: the replayed command keeps it, so its reply is the
+        one this saga waits for; a purge answers with a ``purged`` failure under it.
+        """
+        record = self.record
+        record.status = SagaStatus.STEP_DEAD_LETTERED
+        record.last_error = reason
+        note = "held: replay the dead letter to go on, or purge it to compensate"
+        self._log(step, Phase.FORWARD, "held", now(), note)
+        logger.warning(
+            "saga %s held at step %s: its command is a dead letter (%s)",
+            record.id,
+            step.name,
+            reason,
+            extra={"saga_id": str(record.id), "step": step.name},
+        )
+
+    def _release_hold(self) -> None:
+        """An answer for a held step (a replay's reply, a purge) puts the saga back to work."""
+        if self.record.status is SagaStatus.STEP_DEAD_LETTERED:
+            self.record.status = SagaStatus.RUNNING
+
+    def undo_late_success(self, step_name: str, reply: BaseModel) -> bool:
+        """A success for a step the saga already compensated past: send its compensation.
+
+        Happens when a command ran after the saga gave up on it (a slow redelivery, a
+        replay on a participant that keeps no closed-step record). The compensation is
+        sent under the step's usual compensation key, so it applies at most once.
+        Returns False when there is nothing to undo (the step is still to be
+        compensated in order, it has no compensation, or the saga did not compensate).
+        """
+        record = self.record
+        compensated_states = (
+            SagaStatus.COMPENSATING,
+            SagaStatus.COMPENSATED,
+            SagaStatus.COMPENSATION_FAILED,
+        )
+        if record.status not in compensated_states or step_name in record.completed_steps:
+            return False
+        step = next((s for s in self.saga.steps if s.name == step_name), None)
+        if not isinstance(step, RemoteStep) or step.compensation is None:
+            return False
+        if step.on_reply is not None:
+            self._set_data(step.on_reply(self.data, reply), f"on_reply of {step.name!r}")
+        envelope = self._compensation_envelope(step)
+        self.outgoing.append(OutgoingMessage(envelope, self.saga.compensation_service(step)))
+        moment = now()
+        note = f"succeeded after the saga compensated past it; compensation {envelope.type} sent"
+        self._log(step, Phase.FORWARD, "late_success", moment, note, finished=moment)
+        logger.warning(
+            "saga %s: late success of step %s undone",
+            record.id,
+            step.name,
+            extra={"saga_id": str(record.id), "step": step.name},
+        )
+        return True
 
     # -- moving forward ------------------------------------------------------
 
@@ -272,9 +354,13 @@ class SagaRun:
 
     def _send_forward(self, step: Step, attempt: int, message_id: UUID | None = None) -> None:
         assert isinstance(step, RemoteStep)
-        command = step.command(self.data)
-        key = f"{self.record.id}:{step.name}"
-        self._send(command, self.saga.service_of(step), step.name, key, attempt, message_id)
+        envelope = self._envelope(
+            step.command(self.data),
+            reply_to=self.o.registry.service_name,
+            headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: self._step_key(step)},
+            message_id=message_id,
+        )
+        self._sent(envelope, self.saga.service_of(step), step.name, attempt)
         self.record.status = SagaStatus.RUNNING
         if step.deadline is not None:
             awaited = self.record.pending_message_id
@@ -290,11 +376,27 @@ class SagaRun:
     def _send_compensation(
         self, step: RemoteStep, attempt: int, message_id: UUID | None = None
     ) -> None:
+        envelope = self._compensation_envelope(step, message_id)
+        self._sent(envelope, self.saga.compensation_service(step), step.name, attempt)
+
+    def _compensation_envelope(self, step: RemoteStep, message_id: UUID | None = None) -> Envelope:
+        """The step's compensation, under its own idempotency key, naming the step it undoes."""
         assert step.compensation is not None
-        key = f"{self.record.id}:{step.name}:compensation"
-        command = step.compensation(self.data)
-        service = self.saga.compensation_service(step)
-        self._send(command, service, step.name, key, attempt, message_id)
+        forward_key = self._step_key(step)
+        return self._envelope(
+            step.compensation(self.data),
+            reply_to=self.o.registry.service_name,
+            headers={
+                STEP_HEADER: step.name,
+                IDEMPOTENCY_KEY_HEADER: f"{forward_key}:compensation",
+                COMPENSATES_HEADER: forward_key,
+            },
+            message_id=message_id,
+        )
+
+    def _step_key(self, step: Step) -> str:
+        """The idempotency key of a step's command: the same on every attempt of it."""
+        return f"{self.record.id}:{step.name}"
 
     # -- compensating ---------------------------------------------------------
 
@@ -405,21 +507,8 @@ class SagaRun:
 
     # -- plumbing ------------------------------------------------------------
 
-    def _send(
-        self,
-        command: BaseModel,
-        service: str,
-        step: str,
-        key: str,
-        attempt: int,
-        message_id: UUID | None = None,
-    ) -> None:
-        envelope = self._envelope(
-            command,
-            reply_to=self.o.registry.service_name,
-            headers={STEP_HEADER: step, IDEMPOTENCY_KEY_HEADER: key},
-            message_id=message_id,
-        )
+    def _sent(self, envelope: Envelope, service: str, step: str, attempt: int) -> None:
+        """Queue ``envelope`` for ``service``; the saga now waits for its reply."""
         self.outgoing.append(OutgoingMessage(envelope, service))
         record = self.record
         if record.step != step or attempt == 1 or record.step_started_at is None:
@@ -506,3 +595,7 @@ class SagaRun:
         changed = status != self.initial_status
         if self.metrics is not None and changed and (status.finished or status.needs_operator):
             self.metrics.saga_outcomes.labels(self.saga.name, status.value).inc()
+
+
+def _holds_dead_letters(step: Step) -> bool:
+    return isinstance(step, RemoteStep) and step.on_dead_letter == HOLD

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from saga import tracing
 from saga.dead_letters import DeadLetterStore
 from saga.definition import Saga
-from saga.envelope import Envelope
+from saga.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
 from saga.errors import (
     ConfigurationError,
     NotCancellable,
@@ -92,7 +92,10 @@ class Orchestrator:
         envelope: Envelope,
         metrics: Metrics | None = None,
     ) -> None:
-        record = self._waiting(tx, envelope.saga_id, envelope.causation_id, envelope)
+        record = self._load_for(tx, envelope.saga_id, envelope)
+        if record.pending_message_id is None or record.pending_message_id != envelope.causation_id:
+            self._late_reply(tx, record, reply, envelope, metrics)
+            return
         run = self._run(tx, record, envelope, metrics)
         if isinstance(reply, FailureReply):
             run.on_failure(reply)
@@ -216,12 +219,33 @@ class Orchestrator:
         logger.info("saga %s: %s ignored: %s", record.id, step, reason,
                     extra={"saga_id": str(record.id), "step": step})  # fmt: skip
 
-    def _waiting(
+    def _late_reply(
         self,
         tx: psycopg.Connection[Any],
-        saga_id: UUID | None,
-        awaited: UUID | None,
+        record: SagaRecord,
+        reply: BaseModel,
         envelope: Envelope,
+        metrics: Metrics | None,
+    ) -> None:
+        """A reply the saga no longer waits for: undo a late success, record the rest.
+
+        Never an error: retrying it cannot make the saga wait for it again, and a
+        success that came after the saga compensated past its step must be undone.
+        """
+        step = envelope.headers.get(STEP_HEADER) or "(reply)"
+        is_compensation = COMPENSATES_HEADER in envelope.headers
+        if not isinstance(reply, FailureReply) and not is_compensation:
+            run = self._run(tx, record, envelope, metrics)
+            if run.undo_late_success(step, reply):
+                run.commit()
+                return
+        what = f"{envelope.type} {envelope.message_id}"
+        if isinstance(reply, FailureReply):
+            what += f" ({reply.code or 'failure'}: {reply.reason})"
+        self._ignored(tx, record, step, f"{what} came after the saga moved on")
+
+    def _load_for(
+        self, tx: psycopg.Connection[Any], saga_id: UUID | None, envelope: Envelope
     ) -> SagaRecord:
         if saga_id is None:
             raise UnknownSaga(f"{envelope.type} {envelope.message_id} carries no saga_id")
@@ -230,6 +254,16 @@ class Orchestrator:
             raise UnknownSaga(
                 f"{envelope.type} {envelope.message_id} is for unknown saga {saga_id}"
             )
+        return record
+
+    def _waiting(
+        self,
+        tx: psycopg.Connection[Any],
+        saga_id: UUID | None,
+        awaited: UUID | None,
+        envelope: Envelope,
+    ) -> SagaRecord:
+        record = self._load_for(tx, saga_id, envelope)
         if record.pending_message_id is None or record.pending_message_id != awaited:
             raise StaleReply(
                 f"saga {saga_id} ({record.status}, step {record.step!r}) is not waiting for "

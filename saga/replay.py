@@ -1,10 +1,18 @@
-"""Replaying dead letters: back through the outbox, with their original message id.
+"""Replaying and purging dead letters.
 
 A replayed message goes into the service database's outbox in a transaction
 that also marks the letter replayed and records the replay, so a replay is
 all or nothing. The message keeps its ``message_id``: a consumer that already
 applied it (a replay run twice) skips it through its inbox. Its ``attempt``
 header starts again at 1, so a fixed handler gets a full retry budget.
+
+A letter is *superseded* when the saga step it belongs to was compensated in
+this database since: the saga has undone the step, so running its command now
+would leave an effect nobody undoes. Replay skips superseded letters unless
+forced (and even then the participant refuses the command).
+
+Purging a saga's request tells the saga (a ``purged`` failure reply in the same
+transaction): a saga held at that step then compensates.
 """
 
 from __future__ import annotations
@@ -16,9 +24,11 @@ from typing import Any
 import psycopg
 from pydantic import ValidationError
 
+from saga.closed_steps import ClosedSteps
 from saga.dead_letters import DeadLetterRow, DeadLetterStore
-from saga.envelope import ATTEMPT_HEADER, Envelope
+from saga.envelope import ATTEMPT_HEADER, STEP_HEADER, Envelope
 from saga.outbox import Outbox, OutgoingMessage
+from saga.replies import PURGED, FailureReply
 
 REPLAYED_FROM_HEADER = "replayed_from"
 
@@ -49,16 +59,47 @@ def outgoing_for(letter: DeadLetterRow) -> OutgoingMessage:
     return OutgoingMessage(replay, destination)
 
 
+def _envelope(letter: DeadLetterRow) -> Envelope | None:
+    try:
+        return Envelope.from_bytes(letter.body)
+    except ValidationError:
+        return None
+
+
+def superseded(
+    conn: psycopg.Connection[Any], letters: Sequence[DeadLetterRow], *, schema: str = "saga"
+) -> dict[int, str]:
+    """Letter id -> why, for the letters whose saga step was compensated here since."""
+    keys = {
+        letter.id: key
+        for letter in letters
+        if (envelope := _envelope(letter)) is not None and (key := envelope.step_key)
+    }
+    if not keys:
+        return {}
+    closed = ClosedSteps(schema).find(conn, sorted(set(keys.values())))
+    return {
+        letter_id: f"superseded: the saga compensated step {key!r} at "
+        f"{closed[key]:%Y-%m-%d %H:%M:%S %Z}; replaying it would run an undone step"
+        for letter_id, key in keys.items()
+        if key in closed
+    }
+
+
 def replay(
     conn: psycopg.Connection[Any],
     letters: Sequence[DeadLetterRow],
     criteria: dict[str, Any],
     *,
     schema: str = "saga",
+    force: bool = False,
     batch_size: int = 200,
     on_progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
-    """Send ``letters`` again, one transaction per batch; every batch is recorded."""
+    """Send ``letters`` again, one transaction per batch; every batch is recorded.
+
+    Superseded letters are refused unless ``force``.
+    """
     store = DeadLetterStore(schema)
     outbox = Outbox(schema)
     result = ReplayResult()
@@ -67,8 +108,11 @@ def replay(
         ids = [letter.id for letter in batch]
         with conn.transaction():
             store.lock(conn, ids)
-            outgoing, sent, refused = [], [], {}
+            outgoing, sent = [], []
+            refused = {} if force else superseded(conn, batch, schema=schema)
             for letter in batch:
+                if letter.id in refused:
+                    continue
                 try:
                     outgoing.append(outgoing_for(letter))
                     sent.append(letter.id)
@@ -85,3 +129,58 @@ def replay(
         if on_progress:
             on_progress(len(batch))
     return result
+
+
+def purge(
+    conn: psycopg.Connection[Any],
+    letters: Sequence[DeadLetterRow],
+    *,
+    schema: str = "saga",
+    batch_size: int = 1000,
+    on_progress: Callable[[int], None] | None = None,
+) -> int:
+    """Mark ``letters`` purged, one transaction per batch; return how many were purged.
+
+    A pending letter of a saga's request (it has a ``reply_to``) also answers the saga
+    with a ``purged`` failure: the command will never run, so a saga held at that step
+    compensates, the step included. A superseded letter's saga has moved on already.
+    """
+    store = DeadLetterStore(schema)
+    outbox = Outbox(schema)
+    purged = 0
+    for start in range(0, len(letters), batch_size):
+        batch = letters[start : start + batch_size]
+        with conn.transaction():
+            store.lock(conn, [letter.id for letter in batch])
+            moved_on = superseded(conn, batch, schema=schema)
+            answers = [
+                answer
+                for letter in batch
+                if letter.status == "pending" and letter.id not in moved_on
+                if (answer := _purged_answer(letter)) is not None
+            ]
+            outbox.add_many(conn, answers)
+            purged += store.purge(conn, [letter.id for letter in batch])
+        if on_progress:
+            on_progress(len(batch))
+    return purged
+
+
+def _purged_answer(letter: DeadLetterRow) -> OutgoingMessage | None:
+    """The failure reply that tells the sender of ``letter`` it will never run, if it waits."""
+    request = _envelope(letter)
+    if request is None or not request.reply_to:
+        return None
+    step = request.headers.get(STEP_HEADER)
+    answer = Envelope.wrap(
+        FailureReply(
+            reason=f"dead letter {letter.id} purged by an operator ({letter.error_type})",
+            code=PURGED,
+            failed_type=request.type,
+        ),
+        saga_id=request.saga_id,
+        correlation_id=request.correlation_id,
+        causation_id=request.message_id,
+        headers={STEP_HEADER: step} if step else None,
+    )
+    return OutgoingMessage(answer, request.reply_to)

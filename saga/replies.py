@@ -11,6 +11,14 @@ from pydantic import BaseModel
 #: (a dead letter exists in its database).
 DEAD_LETTERED = "dead_lettered"
 
+#: ``FailureReply.code`` when an operator purged the dead letter of the request: it will
+#: never run, so a saga held at that step compensates (the step included).
+PURGED = "purged"
+
+#: ``FailureReply.code`` when the participant refused a command because the step was
+#: already compensated there; the saga has moved on and ignores it.
+STEP_CLOSED = "step_closed"
+
 
 class FailureReply(BaseModel):
     """Sent to ``reply_to`` when a handler raises :class:`~saga.errors.StepFailed`,

@@ -8,7 +8,7 @@ Three group roles (NOLOGIN; grant them to your login roles):
   (delete too: a message retried later or dead-lettered gives its row back),
   outbox (a consumer publishes the rows it wrote right after committing, as a
   relay would), dead letters (insert), sagas, step log, claim checks,
-  guarded side effects. Grant it your own business tables as well.
+  guarded side effects, closed steps. Grant it your own business tables as well.
 - ``<prefix>_operator``: reads everything; replays and purges dead letters,
   resumes, cancels and signals sagas, prunes past retention.
 """
@@ -28,6 +28,7 @@ _TABLES = (
     "saga_steps",
     "claim_checks",
     "side_effects",
+    "closed_steps",
     "schema_migrations",
 )
 
@@ -51,6 +52,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("SELECT, INSERT", "saga_steps", service),
         ("SELECT, INSERT, DELETE", "claim_checks", service),
         ("SELECT, INSERT, UPDATE", "side_effects", service),
+        ("SELECT, INSERT", "closed_steps", service),
         ("SELECT", "schema_migrations", service),
     ]
     grants += [("SELECT", table, operator) for table in _TABLES]
@@ -62,6 +64,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("DELETE", "saga_steps", operator),
         ("DELETE", "inbox", operator),
         ("DELETE", "claim_checks", operator),
+        ("DELETE", "closed_steps", operator),
     ]
     return grants
 

@@ -10,12 +10,14 @@ from uuid import UUID
 
 
 class SagaStatus(StrEnum):
-    """Where a saga stands. The last four are final or need an operator.
+    """Where a saga stands. Completed and compensated are final; the last three need an operator.
 
     running -> completed
     running -> compensating -> compensated
     compensating -> compensation_failed   (a compensation kept failing: operator)
     running -> forward_failed             (a step after the pivot kept failing: operator)
+    running -> step_dead_lettered         (a held step's command is a dead letter: operator
+                                           replays it to go on, or purges it to compensate)
     """
 
     RUNNING = "running"
@@ -24,6 +26,7 @@ class SagaStatus(StrEnum):
     COMPENSATED = "compensated"
     COMPENSATION_FAILED = "compensation_failed"
     FORWARD_FAILED = "forward_failed"
+    STEP_DEAD_LETTERED = "step_dead_lettered"
 
     @property
     def finished(self) -> bool:
@@ -31,7 +34,11 @@ class SagaStatus(StrEnum):
 
     @property
     def needs_operator(self) -> bool:
-        return self in (SagaStatus.COMPENSATION_FAILED, SagaStatus.FORWARD_FAILED)
+        return self in (
+            SagaStatus.COMPENSATION_FAILED,
+            SagaStatus.FORWARD_FAILED,
+            SagaStatus.STEP_DEAD_LETTERED,
+        )
 
 
 class Phase(StrEnum):

@@ -34,7 +34,7 @@ UPDATE {schema}.saga_instances SET
     status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
     step_attempt = %s, cancel_requested = %s, pivot_reached = %s, last_error = %s,
     step_started_at = %s, waiting_for = %s, wait_schema = %s, wait_deadline = %s,
-    finished_at = CASE WHEN %s THEN now() ELSE NULL END,
+    finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
 RETURNING version
@@ -86,6 +86,8 @@ FROM batch WHERE s.id = batch.id
 RETURNING s.id, s.step, s.step_attempt
 """
 
+_STATUSES = "SELECT id, status, step FROM {schema}.saga_instances WHERE id = ANY(%s)"
+
 _TIMELINE = """
 SELECT step, phase, attempt, outcome, started_at, finished_at, error, message_id
 FROM {schema}.saga_steps WHERE saga_id = %s ORDER BY id
@@ -118,6 +120,7 @@ class SagaStore:
         self._update = render(_UPDATE, schema)
         self._log = render(_LOG, schema)
         self._timeline = render(_TIMELINE, schema)
+        self._statuses = render(_STATUSES, schema)
         self._request_cancel = render(_REQUEST_CANCEL, schema)
         self._unfinished_by_version = render(_UNFINISHED_BY_VERSION, schema)
         self._versions = render(_VERSIONS, schema)
@@ -263,6 +266,13 @@ class SagaStore:
                 cur.execute(self._log, params[0], prepare=True)
             else:
                 cur.executemany(self._log, params)
+
+    def statuses(
+        self, conn: psycopg.Connection[Any], saga_ids: Sequence[UUID]
+    ) -> dict[UUID, tuple[str, str | None]]:
+        """(status, step) of each of ``saga_ids`` found here."""
+        rows = conn.execute(self._statuses, (list(saga_ids),)).fetchall()
+        return {row[0]: (row[1], row[2]) for row in rows}
 
     def timeline(self, conn: psycopg.Connection[Any], saga_id: UUID) -> list[tuple[Any, ...]]:
         return conn.execute(self._timeline, (saga_id,)).fetchall()

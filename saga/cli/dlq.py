@@ -24,7 +24,9 @@ from saga.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
 from saga.envelope import Envelope
 from saga.errors import SagaError
 from saga.masking import mask
-from saga.replay import NotReplayable, outgoing_for, replay
+from saga.replay import NotReplayable, outgoing_for, purge, replay, superseded
+from saga.settings import Settings
+from saga.store import SagaStore
 
 app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
 
@@ -33,6 +35,16 @@ ErrorTypeOption = Annotated[
     str | None, typer.Option("--error-type", help="Only this error type, e.g. TimeoutError.")
 ]
 SinceOption = Annotated[str | None, typer.Option(help="Failed within this long: 30m, 1h, 2d.")]
+HomeDatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--home-database-url",
+        help="The database of the sagas' home service: show each letter's saga status. "
+        "Env: SAGA_HOME_DATABASE_URL.",
+        envvar="SAGA_HOME_DATABASE_URL",
+        show_default=False,
+    ),
+]
 
 
 class DeadLetterNotFound(SagaError):
@@ -41,6 +53,44 @@ class DeadLetterNotFound(SagaError):
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
+
+
+class LetterContext:
+    """What an operator should know beside each letter: is its step superseded, and (given
+    the sagas' home database) where its saga stands."""
+
+    def __init__(self, superseded: dict[int, str], sagas: dict[Any, tuple[str, str | None]]):
+        self.superseded = superseded
+        self.sagas = sagas
+
+    @classmethod
+    def load(
+        cls, conn: Any, letters: list[DeadLetterRow], settings: Settings, home_url: str | None
+    ) -> LetterContext:
+        moved_on = superseded(conn, letters, schema=settings.db_schema)
+        sagas: dict[Any, tuple[str, str | None]] = {}
+        ids = sorted({letter.saga_id for letter in letters if letter.saga_id})
+        if home_url and ids:
+            home = settings.model_copy(update={"database_url": home_url})
+            with connect(home) as home_conn:
+                sagas = SagaStore(settings.db_schema).statuses(home_conn, ids)
+        return cls(moved_on, sagas)
+
+    def saga(self, letter: DeadLetterRow) -> str | None:
+        found = self.sagas.get(letter.saga_id)
+        if found is None:
+            return None
+        status, step = found
+        return f"{status} at {step}" if step else status
+
+    def describe(self, letter: DeadLetterRow) -> dict[str, Any]:
+        return {"superseded": self.superseded.get(letter.id), "saga_status": self.saga(letter)}
+
+    def note(self, letter: DeadLetterRow) -> str:
+        parts = ["[yellow]superseded[/yellow]"] if letter.id in self.superseded else []
+        if (saga := self.saga(letter)) is not None:
+            parts.append(f"saga {saga}")
+        return ", ".join(parts)
 
 
 def _summary(letter: DeadLetterRow) -> dict[str, Any]:
@@ -90,10 +140,11 @@ def list_letters(
     older_than: Annotated[str | None, typer.Option(help="Failed before this long ago.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
     as_json: JsonOption = False,
+    home_database_url: HomeDatabaseUrlOption = None,
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
-    """List dead letters (oldest first)."""
+    """List dead letters (oldest first), marking those whose saga step was compensated since."""
     settings = settings_from(database_url=database_url, schema=schema)
     where = DeadLetterFilter(
         consumer=consumer,
@@ -106,12 +157,15 @@ def list_letters(
     )
     with connect(settings) as conn:
         letters = DeadLetterStore(settings.db_schema).find(conn, where)
+        context = LetterContext.load(conn, letters, settings, home_database_url)
     if as_json:
-        print(json.dumps([_summary(letter) for letter in letters], indent=2))
+        rows = [{**_summary(letter), **context.describe(letter)} for letter in letters]
+        print(json.dumps(rows, indent=2))
         return
     table = Table(title=f"{len(letters)} dead letter(s)")
     for column in ("id", "consumer", "reason", "error", "message", "tries", "last failure"):
         table.add_column(column, overflow="fold")
+    table.add_column("saga", overflow="fold")
     for letter in letters:
         table.add_row(
             str(letter.id),
@@ -121,6 +175,7 @@ def list_letters(
             letter.message_type or "",
             str(letter.attempts),
             letter.last_failed_at.strftime("%Y-%m-%d %H:%M:%S"),
+            context.note(letter),
         )
     console.print(table)
 
@@ -132,6 +187,7 @@ def show_letter(
         bool, typer.Option(help="Show fields that look like secrets or personal data.")
     ] = False,
     as_json: JsonOption = False,
+    home_database_url: HomeDatabaseUrlOption = None,
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
@@ -139,9 +195,10 @@ def show_letter(
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn:
         letter = DeadLetterStore(settings.db_schema).get(conn, letter_id)
-    if letter is None:
-        raise DeadLetterNotFound(f"no dead letter {letter_id}")
-    document = _summary(letter)
+        if letter is None:
+            raise DeadLetterNotFound(f"no dead letter {letter_id}")
+        context = LetterContext.load(conn, [letter], settings, home_database_url)
+    document = {**_summary(letter), **context.describe(letter)}
     document["traceback"] = letter.traceback
     try:
         envelope = Envelope.from_bytes(letter.body)
@@ -156,8 +213,10 @@ def show_letter(
         return
     for key in ("id", "consumer", "reason", "error_type", "error_message", "message_type",
                 "message_id", "saga_id", "destination", "attempts", "first_failed_at",
-                "last_failed_at", "status", "replay_count"):  # fmt: skip
-        console.print(f"[bold]{key}[/bold]: {document[key]}")
+                "last_failed_at", "status", "replay_count", "superseded",
+                "saga_status"):  # fmt: skip
+        if document[key] is not None or key not in ("superseded", "saga_status"):
+            console.print(f"[bold]{key}[/bold]: {document[key]}")
     for key in ("headers", "payload", "body"):
         if key in document:
             console.print(f"[bold]{key}[/bold]:")
@@ -178,12 +237,21 @@ def replay_letters(
     dry_run: Annotated[
         bool, typer.Option(help="List what would be replayed; change nothing.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="Replay superseded letters too (their saga compensated the step since; "
+            "the participant will refuse them)."
+        ),
+    ] = False,
+    home_database_url: HomeDatabaseUrlOption = None,
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
     """Send dead letters again through the outbox, keeping their message ids.
 
     By id (any status but purged), or every pending letter matching the filters.
+    Letters whose saga step was compensated since are skipped unless --force.
     """
     if not letter_ids and not (consumer or error_type or since):
         raise typer.BadParameter(
@@ -206,7 +274,8 @@ def replay_letters(
             if missing:
                 raise DeadLetterNotFound(f"no dead letters with ids {missing}")
         if dry_run:
-            _print_plan(letters)
+            context = LetterContext.load(conn, letters, settings, home_database_url)
+            _print_plan(letters, context, force)
             return
         if not letters:
             console.print("nothing to replay")
@@ -221,6 +290,7 @@ def replay_letters(
                 letters,
                 {**where.describe(), "command": "saga dlq replay"},
                 schema=settings.db_schema,
+                force=force,
                 on_progress=lambda n: progress.advance(task, n),
             )
     console.print(f"[green]replayed {len(result.replayed)} dead letter(s)[/green]")
@@ -230,15 +300,19 @@ def replay_letters(
         raise typer.Exit(1)
 
 
-def _print_plan(letters: list[DeadLetterRow]) -> None:
+def _print_plan(letters: list[DeadLetterRow], context: LetterContext, force: bool) -> None:
+    skipped = {} if force else context.superseded
     table = Table(
-        title=f"dry run: {len(letters)} dead letter(s) would be replayed; nothing changed"
+        title=f"dry run: {len(letters) - len(skipped)} of {len(letters)} dead letter(s) "
+        "would be replayed; nothing changed"
     )
-    for column in ("id", "consumer", "error", "message", "to"):
+    for column in ("id", "consumer", "error", "message", "to", "saga"):
         table.add_column(column, overflow="fold")
     for letter in letters:
         try:
             destination = outgoing_for(letter).destination
+            if letter.id in skipped:
+                destination = f"[yellow]skipped, {skipped[letter.id]}"
         except NotReplayable as exc:
             destination = f"[yellow]refused: {exc}"
         table.add_row(
@@ -247,15 +321,17 @@ def _print_plan(letters: list[DeadLetterRow]) -> None:
             letter.error_type,
             f"{letter.message_type} {letter.message_id}",
             destination,
+            context.note(letter),
         )
     console.print(table)
 
 
 @app.command("purge")
 def purge_letters(
+    letter_ids: Annotated[list[int] | None, typer.Argument(help="Dead letter ids.")] = None,
     before: Annotated[
-        str, typer.Option(help="Purge letters that last failed before: a date or 7d.")
-    ],
+        str | None, typer.Option(help="Purge letters that last failed before: a date or 7d.")
+    ] = None,
     consumer: ConsumerOption = None,
     error_type: ErrorTypeOption = None,
     dry_run: Annotated[
@@ -264,21 +340,32 @@ def purge_letters(
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
-    """Mark pending dead letters purged (``saga db prune`` deletes them after retention)."""
+    """Mark pending dead letters purged (``saga db prune`` deletes them after retention).
+
+    By id, or every pending letter matching the filters (--before is required then).
+    A saga waiting on a purged request is told: a saga held at that step compensates.
+    """
+    if not letter_ids and not before:
+        raise typer.BadParameter("give dead letter ids, or --before (with optional filters)")
     settings = settings_from(database_url=database_url, schema=schema)
     where = DeadLetterFilter(
-        consumer=consumer, error_type=error_type, before=_parse_before(before), status="pending"
+        ids=letter_ids or None,
+        consumer=consumer,
+        error_type=error_type,
+        before=_parse_before(before) if before else None,
+        status="pending",
     )
-    store = DeadLetterStore(settings.db_schema)
     with connect(settings) as conn:
-        letters = store.find(conn, where)
+        letters = DeadLetterStore(settings.db_schema).find(conn, where)
+        conn.rollback()
+        if letter_ids:
+            missing = sorted(set(letter_ids) - {letter.id for letter in letters})
+            if missing:
+                raise DeadLetterNotFound(f"no pending dead letters with ids {missing}")
         if dry_run:
             console.print(
                 f"dry run: {len(letters)} dead letter(s) would be purged; nothing changed"
             )
             return
-        purged = 0
-        for start in range(0, len(letters), 1000):
-            with conn.transaction():
-                purged += store.purge(conn, [letter.id for letter in letters[start : start + 1000]])
+        purged = purge(conn, letters, schema=settings.db_schema)
     console.print(f"purged {purged} dead letter(s)")
