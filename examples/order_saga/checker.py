@@ -31,17 +31,20 @@ ORDER = [step.name for step in create_order.steps]
 
 
 def classify(system: Cluster, report: invariants.Report) -> None:
-    """Delivered, lost, duplicated and unexpected commands, from the step log and the effects."""
-    succeeded = {
-        f"{saga_id}:{step}"
-        for saga_id, step in invariants.rows(
-            system,
-            "orders",
-            "SELECT saga_id, step FROM saga.saga_steps "
-            "WHERE phase = 'forward' AND outcome = 'succeeded'",
-        )
-        if step in EFFECTS
-    }
+    """Delivered, lost, duplicated and unexpected commands, from the step log and the effects.
+
+    An effect is expected when its step succeeded, or when the saga compensated the step
+    (a step whose outcome was unknown is compensated too, and may have had its effect).
+    """
+    logged: dict[str, set[str]] = defaultdict(set)
+    for saga_id, step, phase in invariants.rows(
+        system,
+        "orders",
+        "SELECT saga_id, step, phase FROM saga.saga_steps WHERE outcome = 'succeeded'",
+    ):
+        if step in EFFECTS:
+            logged[phase].add(f"{saga_id}:{step}")
+    succeeded = logged["forward"]
     applied: Counter[str] = Counter()
     for service, table in set(EFFECTS.values()):
         query = f"SELECT id, count(*) FROM {table} GROUP BY id"
@@ -50,7 +53,7 @@ def classify(system: Cluster, report: invariants.Report) -> None:
     delivered = sum(1 for key in succeeded if applied[key] == 1)
     lost = [key for key in succeeded if applied[key] == 0]
     duplicated = [key for key, count in applied.items() if count > 1]
-    unexpected = [key for key in applied if key not in succeeded]
+    unexpected = [key for key in applied if key not in succeeded | logged["compensation"]]
     running = {
         str(r[0])
         for r in invariants.rows(
@@ -118,8 +121,8 @@ def drained(system: Cluster, report: invariants.Report) -> None:
         report.violations.append(f"{letters} dead letters need an operator")
 
 
-def check(system: Cluster) -> invariants.Report:
-    report = invariants.check(system)
+def check(system: Cluster, gateway: dict[str, Any] | None = None) -> invariants.Report:
+    report = invariants.check(system, gateway)
     classify(system, report)
     step_order(system, report)
     drained(system, report)

@@ -39,7 +39,7 @@ def release_credit(tx: Tx, cmd: ReleaseCredit, ctx: HandlerContext) -> None:
     row = tx.execute(
         "UPDATE credit_reservations SET status = 'released' "
         "WHERE id = %s AND status = 'reserved' RETURNING customer_id, amount_cents",
-        (cmd.reservation_id,),
+        (ctx.compensated_key,),  # the reservation's id is its step's key
     ).fetchone()
     if row is not None:  # already released: nothing to undo
         tx.execute(

@@ -4,6 +4,11 @@ Like real gateways, it takes an idempotency key with every request and answers a
 repeated key with the original outcome. It also counts the calls per key, so a
 test can tell whether a charge was attempted twice.
 
+Outages on demand (``POST /admin``, or :meth:`GatewayClient.set_faults`): while
+``charges_down``, every charge is answered 503; the next ``drop_charges`` new
+charges are made and then the connection is dropped before the answer (the
+payments service cannot know the card was charged).
+
     python -m examples.order_saga.gateway --port 8765
 """
 
@@ -28,6 +33,8 @@ class _State:
         self.calls: Counter[str] = Counter()
         self.charges: dict[str, dict[str, Any]] = {}
         self.refunds: dict[str, dict[str, Any]] = {}
+        self.charges_down = False
+        self.drop_charges = 0
 
 
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
@@ -48,15 +55,29 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 if kind == "calls":
                     return self._reply(200, dict(state.calls))
+                if kind == "state":
+                    return self._reply(200, {"charges": state.charges, "refunds": state.refunds})
                 found = {"charges": state.charges, "refunds": state.refunds}.get(kind, {}).get(key)
             self._reply(200 if found else 404, found or {"error": "not found"})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/admin":
+                with state.lock:
+                    state.charges_down = bool(body.get("charges_down", state.charges_down))
+                    state.drop_charges = int(body.get("drop_charges", state.drop_charges))
+                return self._reply(200, {"ok": True})
             key = body["idempotency_key"]
             with state.lock:
                 state.calls[key] += 1
                 if self.path == "/charges":
+                    if state.drop_charges and key not in state.charges:
+                        state.drop_charges -= 1
+                        state.charges[key] = _charge(key, body, len(state.charges))
+                        self.close_connection = True  # charged; the answer is lost
+                        return None
+                    if state.charges_down:
+                        return self._reply(503, {"error": "charges are down"})
                     outcome = state.charges.setdefault(key, _charge(key, body, len(state.charges)))
                 else:
                     outcome = state.refunds.setdefault(
@@ -115,6 +136,16 @@ class GatewayClient:
 
     def calls(self) -> dict[str, int]:
         return self._get("/calls") or {}
+
+    def state(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Every charge and refund the gateway holds, by idempotency key."""
+        found: dict[str, dict[str, dict[str, Any]]] = self._get("/state")
+        return found
+
+    def set_faults(self, *, charges_down: bool, drop_charges: int = 0) -> None:
+        """Start or end a charge outage; make the next ``drop_charges`` charges lose their
+        answers."""
+        self._post("/admin", {"charges_down": charges_down, "drop_charges": drop_charges})
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(

@@ -24,7 +24,9 @@ def rows(system: Cluster, service: str, query: str) -> list[tuple[Any, ...]]:
         return conn.execute(query).fetchall()
 
 
-def check(system: Cluster) -> Report:
+def check(system: Cluster, gateway: dict[str, Any] | None = None) -> Report:
+    """The business invariants; with the payment gateway's state (``GatewayClient.state()``),
+    also that the money at the gateway matches: no rejected order keeps a charge there."""
     report = Report()
     sagas = dict(
         rows(system, "orders", "SELECT data->>'order_id', status FROM saga.saga_instances")
@@ -49,6 +51,8 @@ def check(system: Cluster) -> Report:
     _check_credit(system, report, orders, approved)
     _check_stock(system, report, approved, rejected)
     _check_payments(system, report, orders, approved, rejected)
+    if gateway is not None:
+        _check_gateway(system, report, gateway, approved, rejected)
     return report
 
 
@@ -139,3 +143,33 @@ def _check_payments(
             report.violations.append(f"charge {charge_id} refunded {count} times")
     report.figures["charges"] = len(charges)
     report.figures["refunds"] = sum(c for _, c in refunds)
+
+
+def _check_gateway(
+    system: Cluster,
+    report: Report,
+    gateway: dict[str, Any],
+    approved: set[str],
+    rejected: set[str],
+) -> None:
+    """Money at the gateway: one kept charge per approved order, none per rejected order."""
+    order_of = dict(
+        rows(system, "orders", "SELECT id::text || ':charge_payment', data->>'order_id' "
+             "FROM saga.saga_instances")
+    )  # fmt: skip
+    refunded = {refund["charge"] for refund in gateway["refunds"].values()}
+    kept: dict[str, int] = {}
+    for key, charge in gateway["charges"].items():
+        if charge["status"] == "succeeded" and charge["id"] not in refunded:
+            order = order_of.get(key, key)
+            kept[order] = kept.get(order, 0) + 1
+    for order in rejected:
+        if kept.get(order):
+            report.violations.append(f"rejected order {order} keeps a charge at the gateway")
+    for order in approved:
+        if kept.get(order) != 1:
+            report.violations.append(
+                f"approved order {order} has {kept.get(order, 0)} charges kept at the gateway"
+            )
+    report.figures["gateway_charges_kept"] = sum(kept.values())
+    report.figures["gateway_refunds"] = len(refunded)

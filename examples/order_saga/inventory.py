@@ -45,7 +45,7 @@ def release_stock(tx: Tx, cmd: ReleaseStock, ctx: HandlerContext) -> None:
     row = tx.execute(
         "UPDATE stock_reservations SET status = 'released' "
         "WHERE id = %s AND status = 'reserved' RETURNING sku, quantity",
-        (cmd.reservation_id,),
+        (ctx.compensated_key,),  # the reservation's id is its step's key
     ).fetchone()
     if row is not None:
         tx.execute("UPDATE stock SET available = available + %s WHERE sku = %s", (row[1], row[0]))

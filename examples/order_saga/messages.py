@@ -1,4 +1,10 @@
-"""The messages the four services exchange (shared by all of them)."""
+"""The messages the four services exchange (shared by all of them).
+
+Compensations carry the order, not ids from the forward step's reply: that reply
+may never have come (the command was dead-lettered or timed out, its outcome
+unknown). The participant finds what to undo by the step's key
+(``ctx.compensated_key``), and finds nothing when the command never ran.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ class StockReserved(BaseModel):
 
 
 class ReleaseStock(BaseModel):
-    reservation_id: str
+    order_id: str
 
 
 class ReserveCredit(BaseModel):
@@ -30,7 +36,7 @@ class CreditReserved(BaseModel):
 
 
 class ReleaseCredit(BaseModel):
-    reservation_id: str
+    order_id: str
 
 
 class ChargeCard(BaseModel):
@@ -44,7 +50,7 @@ class CardCharged(BaseModel):
 
 
 class RefundCharge(BaseModel):
-    charge_id: str
+    order_id: str
 
 
 class ScheduleShipment(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
@@ -41,6 +42,10 @@ class OrderData(BaseModel):
 
 create_order = Saga("create_order", data=OrderData, version=1)
 
+#: What a dead-lettered charge means: "hold" the saga for the operator (replay the letter
+#: to charge, purge it to compensate), or "compensate" at once, the charge included.
+CHARGE_ON_DEAD_LETTER = os.environ.get("ORDERS_CHARGE_ON_DEAD_LETTER", "hold")
+
 
 @create_order.local("create_pending_order", compensate="reject_order")
 def create_pending_order(tx: Tx, d: OrderData) -> None:
@@ -61,7 +66,7 @@ create_order.remote(
     command=ReserveStock,
     reply=StockReserved,
     on_reply=lambda d, r: d.model_copy(update={"stock_reservation_id": r.reservation_id}),
-    compensate=lambda d: ReleaseStock(reservation_id=d.stock_reservation_id),
+    compensate=ReleaseStock,
 )
 create_order.remote(
     "reserve_credit",
@@ -69,15 +74,16 @@ create_order.remote(
     command=ReserveCredit,
     reply=CreditReserved,
     on_reply=lambda d, r: d.model_copy(update={"credit_reservation_id": r.reservation_id}),
-    compensate=lambda d: ReleaseCredit(reservation_id=d.credit_reservation_id),
+    compensate=ReleaseCredit,
 )
-create_order.remote(
+create_order.remote(  # a dead-lettered charge waits for the operator: replay it, or purge it
     "charge_payment",
     service="payments",
     command=ChargeCard,
     reply=CardCharged,
     on_reply=lambda d, r: d.model_copy(update={"charge_id": r.charge_id}),
-    compensate=lambda d: RefundCharge(charge_id=d.charge_id),
+    compensate=RefundCharge,
+    on_dead_letter=CHARGE_ON_DEAD_LETTER,
 )
 create_order.remote(  # the pivot: once shipment is scheduled, the order goes through
     "schedule_shipment",

@@ -12,14 +12,25 @@ from typing import Any
 
 import psycopg
 
-from consumers import HandlerContext, Service, StepFailed
+from consumers import HandlerContext, RetryPolicy, Service, StepFailed
 from examples.order_saga.flakiness import maybe_glitch
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge
 
 Tx = psycopg.Connection[Any]
 
-service = Service("payments")
+
+
+def _retry() -> RetryPolicy:
+    """The default retries (about 70 s before a dead letter); ``PAYMENTS_RETRY_DELAYS``
+    (seconds, e.g. "0.2,0.5") shortens the delayed ones for tests and demos."""
+    delays = os.environ.get("PAYMENTS_RETRY_DELAYS")
+    if not delays:
+        return RetryPolicy()
+    return RetryPolicy(delays=tuple(float(d) for d in delays.split(",")))
+
+
+service = Service("payments", retry=_retry())
 
 
 def gateway() -> GatewayClient:
@@ -48,20 +59,34 @@ def charge_card(tx: Tx, cmd: ChargeCard, ctx: HandlerContext) -> CardCharged:
 @service.handler(RefundCharge)
 def refund_charge(tx: Tx, cmd: RefundCharge, ctx: HandlerContext) -> None:
     maybe_glitch("refund_charge")
+    charge_key = ctx.compensated_key  # a charge's id is its step's key
     charged = tx.execute(
         "UPDATE charges SET status = 'refunded' WHERE id = %s AND status = 'charged' "
-        "RETURNING order_id, amount_cents, gateway_id",
-        (cmd.charge_id,),
+        "RETURNING amount_cents, gateway_id",
+        (charge_key,),
     ).fetchone()
     if charged is None:
-        return  # already refunded: nothing to undo
+        if charge_key is None or tx.execute(
+            "SELECT 1 FROM charges WHERE id = %s", (charge_key,)
+        ).fetchone():
+            return  # already refunded: nothing to undo
+        # No charge recorded here, yet the gateway may have charged and lost its answer.
+        found = gateway().find_charge(charge_key)
+        if found is None or found["status"] != "succeeded":
+            return  # the card was never charged: nothing to undo
+        charged = (found["amount_cents"], found["id"])
+        tx.execute(
+            "INSERT INTO charges (id, order_id, amount_cents, status, gateway_id) "
+            "VALUES (%s, %s, %s, 'refunded', %s)",
+            (charge_key, cmd.order_id, *charged),
+        )
     key = ctx.idempotency_key  # the compensation's own key, not the charge's
     ctx.effects.run(
         key,
-        call=lambda: gateway().refund(key, charged[2]),
+        call=lambda: gateway().refund(key, charged[1]),
         on_takeover=lambda: gateway().find_refund(key),
     )
     tx.execute(
         "INSERT INTO refunds (charge_id, order_id, amount_cents) VALUES (%s, %s, %s)",
-        (cmd.charge_id, charged[0], charged[1]),
+        (charge_key, cmd.order_id, charged[0]),
     )
