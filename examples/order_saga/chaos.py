@@ -4,8 +4,12 @@ Four services and their relays (two for the orders database) and a workload
 driver run as separate processes on PostgreSQL and RabbitMQ. While orders
 flow, a fault schedule SIGKILLs random processes (a supervisor restarts them),
 pauses one with SIGSTOP past the broker heartbeat, restarts RabbitMQ, restarts
-PostgreSQL (fast shutdown), and leaves a transaction idle that starts a saga
-and commits late. Then it waits for quiescence and runs the checker.
+PostgreSQL (fast shutdown), leaves a transaction idle that starts a saga and
+commits late, and takes the payment gateway's charges down for longer than the
+payments service retries (the first charge of each outage is made and its
+answer lost). Held charges become dead letters; as an operator would once the
+gateway is back, the run replays them. Then it waits for quiescence and runs
+the checker (the gateway's money included).
 
 The last line is machine-readable::
 
@@ -37,11 +41,24 @@ from psycopg import sql
 from examples.order_saga import driver
 from examples.order_saga.checker import check
 from examples.order_saga.cluster import SERVICES, Cluster
+from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.orders import OrderData, create_order
 from examples.order_saga.supervisor import Supervisor
+from saga.dead_letters import DeadLetterFilter, DeadLetterStore
+from saga.replay import replay
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-KINDS = ("kill", "pause", "restart_rabbitmq", "restart_postgres", "idle_transaction")
+KINDS = (
+    "kill",
+    "pause",
+    "restart_rabbitmq",
+    "restart_postgres",
+    "idle_transaction",
+    "gateway_outage",
+)
+#: The payments service's delayed retries during a run: an outage outlasts them all.
+PAYMENTS_RETRY_DELAYS = "0.5,1"
+GATEWAY_OUTAGE_S = 5.0
 ADMIN_URL = os.environ.get(
     "SAGA_CHAOS_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -145,6 +162,13 @@ class FaultInjector:
         thread.start()
         self._threads.append(thread)
 
+    def gateway_outage(self) -> None:
+        """Charges fail for longer than payments retries; the first one is made, its answer
+        lost. The held sagas wait for the operator's replay (see :func:`replay_held`)."""
+        gateway = GatewayClient(self.system.gateway_url)
+        gateway.set_faults(charges_down=True, drop_charges=1)
+        self._later(GATEWAY_OUTAGE_S, lambda: gateway.set_faults(charges_down=False))
+
     def _later(self, seconds: float, action: Any) -> None:
         timer = threading.Timer(seconds, action)
         timer.start()
@@ -177,6 +201,7 @@ def run(
             "SAGA_BROKER_HEARTBEAT": str(heartbeat),
             "ORDER_SAGA_FLAKINESS": "0.02",
             "SAGA_SIDE_EFFECT_LEASE": "2",
+            "PAYMENTS_RETRY_DELAYS": PAYMENTS_RETRY_DELAYS,
         },
     )
     system.prepare()
@@ -218,9 +243,10 @@ def run(
         expected = sagas + len(injector.late_orders)
         converged = _quiesce(system, supervisor, expected, timeout=max(120.0, duration))
         converge_s = time.monotonic() - faults_end
+        gateway = GatewayClient(system.gateway_url).state()
     finally:
         codes = supervisor.stop()
-    report = check(system)
+    report = check(system, gateway)
     counts = driver.status_counts(system)
     present = sum(counts.values())
     unconverged = counts.get("running", 0) + counts.get("compensating", 0)
@@ -248,16 +274,35 @@ def run(
 
 
 def _quiesce(system: Cluster, supervisor: Supervisor, expected: int, timeout: float) -> bool:
+    """Wait until every saga finished, replaying held charges the way an operator would."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         supervisor.watch()
         try:
+            replay_held(system)
             if driver.quiescent(system, expected):
                 return True
         except psycopg.OperationalError:
             pass
         time.sleep(0.5)
     return False
+
+
+def replay_held(system: Cluster) -> int:
+    """Replay the payments dead letters of held sagas (the gateway is back); how many."""
+    orders = system.database_urls["orders"]
+    with psycopg.connect(orders) as conn:
+        held = conn.execute(
+            "SELECT count(*) FROM saga.saga_instances WHERE status = 'step_dead_lettered'"
+        ).fetchone()
+    if not held or not held[0]:
+        return 0
+    store = DeadLetterStore("saga")
+    with psycopg.connect(system.database_urls["payments"]) as conn:
+        letters = store.find(conn, DeadLetterFilter(consumer="payments"))
+        conn.rollback()
+        result = replay(conn, letters, {"command": "chaos operator"})
+    return len(result.replayed)
 
 
 def main(argv: list[str] | None = None) -> int:

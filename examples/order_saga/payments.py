@@ -20,7 +20,6 @@ from examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge
 Tx = psycopg.Connection[Any]
 
 
-
 def _retry() -> RetryPolicy:
     """The default retries (about 70 s before a dead letter); ``PAYMENTS_RETRY_DELAYS``
     (seconds, e.g. "0.2,0.5") shortens the delayed ones for tests and demos."""
@@ -66,9 +65,10 @@ def refund_charge(tx: Tx, cmd: RefundCharge, ctx: HandlerContext) -> None:
         (charge_key,),
     ).fetchone()
     if charged is None:
-        if charge_key is None or tx.execute(
-            "SELECT 1 FROM charges WHERE id = %s", (charge_key,)
-        ).fetchone():
+        if (
+            charge_key is None
+            or tx.execute("SELECT 1 FROM charges WHERE id = %s", (charge_key,)).fetchone()
+        ):
             return  # already refunded: nothing to undo
         # No charge recorded here, yet the gateway may have charged and lost its answer.
         found = gateway().find_charge(charge_key)
