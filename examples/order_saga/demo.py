@@ -150,7 +150,9 @@ def _outcomes(system: Cluster, counts: dict[str, int]) -> None:
     table = Table(title="outcomes")
     table.add_column("status")
     table.add_column("sagas", justify="right")
-    for status in ("completed", "compensated", "running", "compensating", "compensation_failed"):
+    statuses = ("completed", "compensated", "running", "compensating", "compensation_failed",
+                "step_dead_lettered")  # fmt: skip
+    for status in statuses:
         if counts.get(status):
             table.add_row(status, str(counts[status]))
     console.print(table)

@@ -30,6 +30,7 @@ STATUS_STYLE = {
     "compensated": "magenta",
     "compensation_failed": "bold red",
     "forward_failed": "bold red",
+    "step_dead_lettered": "bold red",
 }
 
 
@@ -129,6 +130,11 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
     )
     if record.last_error:
         console.print(f"last error: {record.last_error}")
+    if record.status is SagaStatus.STEP_DEAD_LETTERED:
+        console.print(
+            f"held at {record.step}: its command is a dead letter in the participant's "
+            "database; `saga dlq replay` it to go on, or `saga dlq purge` it to compensate"
+        )
     table = Table(title="timeline")
     for column in ("#", "step", "phase", "try", "outcome", "ms", "error"):
         table.add_column(column, overflow="fold")

@@ -71,6 +71,12 @@ def test_held_sagas_complete_with_one_charge_each_after_the_replay(
         )
         stats = json.loads(saga_cli(orders_db, "stats", "--json").stdout)
         assert stats["counts"]["create_order"] == {"step_dead_lettered": ORDERS}, stats
+        held = json.loads(
+            saga_cli(orders_db, "list", "--status", "step_dead_lettered", "--json").stdout
+        )
+        assert len(held) == ORDERS and {h["step"] for h in held} == {"charge_payment"}, held
+        shown = saga_cli(orders_db, "show", held[0]["id"]).stdout
+        assert "held at charge_payment" in shown and "dead-lettered" in shown, shown
         dry = saga_cli(
             payments_db, "dlq", "replay", "--consumer", "payments", "--dry-run",
             "--home-database-url", orders_db,
