@@ -5,9 +5,11 @@ Each test here runs once per transport through the ``any_broker`` fixture.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from consumers import Outcome
+from examples.order_saga.redis_server import RedisServer
 from saga import Outbox
 from saga.envelope import Envelope
 from tests.support.brokers import TestBroker
@@ -80,3 +82,30 @@ def test_delayed_message_arrives_after_its_delay(db: TestDatabase, any_broker: T
         wait_until(lambda: _count(db, "ping") == 1, what="the delayed ping")
     applied_at = db.scalar("SELECT applied_at FROM effects")
     assert applied_at - written_at >= timedelta(seconds=1)
+
+
+# -- A Redis restart (a private redis-server each: the shared one is never restarted) -----
+
+
+def _hops_done(db: TestDatabase) -> int:
+    return int(db.scalar("SELECT count(DISTINCT (key, seq)) FROM effects WHERE kind = 'hop'"))
+
+
+def test_a_persistent_redis_restart_loses_nothing(
+    db: TestDatabase, private_redis: Callable[..., RedisServer]
+) -> None:
+    """Crash Redis twice while chains flow: relay and consumer reconnect, nothing is lost."""
+    db.execute(EFFECTS_DDL)
+    server = private_redis(persistent=True)
+    broker = TestBroker(server.url, "redis")
+    chains, hops = 20, 60
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        for chain in range(chains):
+            Outbox().add(conn, Hop(chain=f"c{chain}", seq=1, last=hops), destination=service.name)
+    with running_service(service, db, broker) as runner, running_relay(db, broker):
+        for threshold in (chains * hops // 4, chains * hops // 2):
+            wait_until(lambda t=threshold: _hops_done(db) >= t, what=f"{threshold} hops")
+            server.restart()
+        wait_until(lambda: _hops_done(db) == chains * hops, timeout=90, what="every hop")
+        assert runner.failure is None
+    assert db.scalar("SELECT count(*) FROM effects WHERE kind = 'hop'") == chains * hops
