@@ -13,7 +13,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 
 def free_port() -> int:
@@ -74,18 +73,6 @@ class RedisServer:
     def close(self) -> None:
         self.crash()
         shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _answers(self) -> bool:
         """True once the server replies to PING (a listening socket alone may still be loading)."""
