@@ -26,6 +26,7 @@ from consumers.processing import BatchProcessor, Delivery, Outcome
 from consumers.service import Service
 from outbox_relay.publisher import BatchPublisher
 from outbox_relay.store import RelayStore
+from saga.broker_durability import check_broker_durability
 from saga.effects import DEFAULT_LEASE, SideEffects
 from saga.envelope import CONTENT_TYPE
 from saga.errors import SagaError
@@ -165,6 +166,7 @@ class Worker:
         conn = self.broker.connect()
         conn.ensure_connection(max_retries=1)
         self._broker_conn = conn
+        check_broker_durability(self.broker, conn)
         channel = conn.channel()
         queue = self.topology.queue(self.service.name)
         queue(channel).declare()

@@ -23,6 +23,7 @@ from kombu import Connection
 
 from outbox_relay.publisher import BatchPublisher, PublishOutcome
 from outbox_relay.store import OutboxRow, RelayStore, check_durability
+from saga.broker_durability import check_broker_durability
 from saga.errors import ConfigurationError
 from saga.faults import fault_point
 from saga.identifiers import validate_schema
@@ -133,6 +134,7 @@ class Relay:
         conn = self.broker.connect()
         conn.ensure_connection(max_retries=1)
         self._broker_conn = conn
+        check_broker_durability(self.broker, conn)
         self._publisher = BatchPublisher(
             conn,
             self.topology,

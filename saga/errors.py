@@ -49,7 +49,7 @@ class BrokerUnavailable(SagaError):
 
 
 class UnsafeDurability(ConfigurationError):
-    """The database session could lose committed rows on a crash."""
+    """The database session or the broker could lose committed rows or messages on a crash."""
 
 
 class StepFailed(SagaError):

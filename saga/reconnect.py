@@ -32,12 +32,18 @@ def close_quietly(logger: logging.Logger, *resources: object) -> None:
 
 
 def transient_errors(broker_connection: Connection) -> tuple[type[BaseException], ...]:
-    """Errors after which reconnecting may help (lost connections, broker channel errors)."""
+    """Errors after which reconnecting may help (lost connections, broker channel errors).
+
+    A batch publish that failed midway (kombu's ``BatchPublishError``, e.g. Redis went
+    away during the pipeline) has an uncertain outcome: the caller treats it as not
+    published (its outbox rows stay) and reconnects; the inbox absorbs a duplicate.
+    """
     return (
         psycopg.OperationalError,
         ConnectionError,
         OSError,
         kombu.exceptions.OperationalError,  # kombu's wrapper for "cannot connect"
+        kombu.exceptions.BatchPublishError,
         *broker_connection.connection_errors,
         *broker_connection.channel_errors,
     )

@@ -22,6 +22,7 @@ ENV_DATABASE_URL = "SAGA_DATABASE_URL"
 ENV_BROKER_URL = "SAGA_BROKER_URL"
 ENV_REDIS_URL = "SAGA_REDIS_URL"
 ENV_SCHEMA = "SAGA_SCHEMA"
+ENV_ACCEPT_REDIS_MESSAGE_LOSS = "SAGA_ACCEPT_REDIS_MESSAGE_LOSS"
 
 
 class Settings(BaseSettings):
@@ -33,6 +34,8 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     redis_url: str | None = None
     broker_heartbeat: int = DEFAULT_HEARTBEAT
+    #: Run on a Redis broker that loses messages when it restarts (refused otherwise).
+    accept_redis_message_loss: bool = False
     side_effect_lease: float = DEFAULT_LEASE.total_seconds()
     signing_keys: SecretStr | None = None
     require_signature: bool = False

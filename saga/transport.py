@@ -66,6 +66,9 @@ class BrokerConfig:
     visibility_timeout: int = 300
     #: Virtual transports that poll (memory, SQLAlchemy): seconds between polls of an empty queue.
     polling_interval: float = 0.01
+    #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
+    #: synced on every write); refused otherwise (see :mod:`saga.broker_durability`).
+    accept_redis_message_loss: bool = False
 
     def __post_init__(self) -> None:
         scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
@@ -93,12 +96,16 @@ class BrokerConfig:
     def connect(self) -> Connection:
         """A new, not yet connected kombu connection."""
         options: dict[str, Any] = {}
+        transport: str | None = None
         if self.is_redis:
             options["visibility_timeout"] = self.visibility_timeout
+            # kombu's Redis transport, made to keep a delivery through a Redis restart.
+            transport = "saga.redis_transport:Transport"
         connection = Connection(
             self.url,
             heartbeat=self.heartbeat if self.is_amqp else 0,
             connect_timeout=self.connect_timeout,
+            transport=transport,
             transport_options=options,
         )
         if not self.is_amqp:

@@ -7,11 +7,13 @@ with one summary line per missing server saying how to enable that tier.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from examples.order_saga.cluster import Cluster
+from examples.order_saga.redis_server import RedisServer
 from tests.support import servers
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
@@ -93,6 +95,31 @@ def order_system(database_factory: DatabaseFactory, rabbit: TestBroker) -> Itera
         database_factory.drop(name)
 
 
+@pytest.fixture
+def private_redis() -> Iterator[Callable[..., RedisServer]]:
+    """Starts private ``redis-server`` processes (which a test may crash) on free ports.
+
+    Call it with ``persistent=True`` (appendonly yes, appendfsync always) or False.
+    """
+    if shutil.which("redis-server") is None:
+        hint = "install redis-server (apt-get install redis-server)"
+        if ON_CI:
+            pytest.fail(f"CI=true and redis-server is not installed: {hint}", pytrace=False)
+        _missing["a private redis-server"] = hint
+        pytest.skip(f"redis-server is not installed: {hint}")
+    servers_started: list[RedisServer] = []
+
+    def start(*, persistent: bool, extra_args: tuple[str, ...] = ()) -> RedisServer:
+        server = RedisServer(persistent=persistent, extra_args=extra_args)
+        servers_started.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in servers_started:
+        server.close()
+
+
 @pytest.fixture(params=["memory", "amqp", "redis"])
 def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
     """Each test using it runs once per transport (the contract suite)."""
@@ -103,7 +130,8 @@ def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
         url = _server("amqp")
     else:
         url = _server("redis")
-    broker = TestBroker(url, kind)
+    # The shared Redis runs with appendonly no (CI starts it so): accept that explicitly.
+    broker = TestBroker(url, kind, accepts_message_loss=kind == "redis")
     yield broker
     broker.cleanup()
 

@@ -14,6 +14,7 @@ from saga.errors import DatabaseUnavailable
 from saga.logs import configure_logging
 from saga.redact import password_of, redact_text
 from saga.settings import (
+    ENV_ACCEPT_REDIS_MESSAGE_LOSS,
     ENV_BROKER_URL,
     ENV_DATABASE_URL,
     ENV_SCHEMA,
@@ -67,6 +68,16 @@ HeartbeatOption = Annotated[
         show_default=False,
     ),
 ]
+AcceptRedisMessageLossOption = Annotated[
+    bool,
+    typer.Option(
+        "--accept-redis-message-loss",
+        help="Run on a Redis broker that loses messages when it restarts (appendonly no, or "
+        "appendfsync not always): sagas whose messages it drops wait until `saga resume`. "
+        f"Refused by default. Env: {ENV_ACCEPT_REDIS_MESSAGE_LOSS}.",
+        show_default=False,
+    ),
+]
 LogLevelOption = Annotated[
     str,
     typer.Option(
@@ -88,12 +99,14 @@ def settings_from(
     broker_url: str | None = None,
     schema: str | None = None,
     heartbeat: int | None = None,
+    accept_redis_message_loss: bool = False,
 ) -> Settings:
     return load_settings(
         database_url=database_url,
         broker_url=broker_url,
         db_schema=schema,
         broker_heartbeat=str(heartbeat) if heartbeat is not None else None,
+        accept_redis_message_loss="true" if accept_redis_message_loss else None,
     )
 
 

@@ -1,13 +1,15 @@
-"""``saga stats`` and ``saga resume``: the health of sagas, and restarting a stopped one."""
+"""``saga stats`` and ``saga resume``: the health of sagas, and restarting stopped ones."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from uuid import UUID
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
 from saga.cli.common import (
@@ -16,24 +18,18 @@ from saga.cli.common import (
     SchemaOption,
     connect,
     console,
+    err_console,
     settings_from,
 )
 from saga.cli.durations import parse_duration
-from saga.dead_letters import DeadLetterFilter, DeadLetterStore
-from saga.errors import SagaError, UnknownSaga
-from saga.outbox import Outbox
-from saga.replies import ResumeSaga
+from saga.resume import SagaResumer, StuckFilter
+from saga.settings import Settings
 from saga.state import SagaStatus
 from saga.stats import collect
-from saga.store import SagaStore
 
 StuckAfterOption = Annotated[
     str, typer.Option(help="A running saga with no progress for this long is stuck.")
 ]
-
-
-class NotResumable(SagaError):
-    pass
 
 
 def stats(
@@ -87,52 +83,72 @@ def stats(
 
 
 def resume(
-    saga_id: Annotated[UUID, typer.Argument(help="The saga's id.")],
+    saga_id: Annotated[
+        UUID | None,
+        typer.Argument(help="The saga's id; without it, every stuck saga the options select."),
+    ] = None,
     stuck_after: StuckAfterOption = "15m",
+    name: Annotated[str | None, typer.Option(help="Every stuck saga: only this name.")] = None,
+    older_than: Annotated[
+        str | None, typer.Option(help="Every stuck saga: only those started before this long ago.")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Every stuck saga: only those started within this long.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Every stuck saga: at most this many.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Every stuck saga: list them, resume none.")
+    ] = False,
     reason: Annotated[str, typer.Option(help="Recorded in the logs.")] = "operator",
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
-    """Restart a saga that failed to compensate, failed after its pivot, or is stuck."""
+    """Restart a saga that failed to compensate, failed after its pivot, or is stuck;
+    without an id, every stuck saga (running or compensating with no progress for
+    --stuck-after), e.g. after a broker lost messages."""
     settings = settings_from(database_url=database_url, schema=schema)
-    store = SagaStore(settings.db_schema)
+    resumer = SagaResumer(settings.db_schema)
     stuck_td = parse_duration(stuck_after)
     assert stuck_td is not None
+    if saga_id is None:
+        which = StuckFilter(
+            stuck_td, name, parse_duration(older_than), parse_duration(since), limit
+        )
+        _resume_stuck(settings, resumer, which, reason=reason, dry_run=dry_run)
+        return
+    if name or older_than or since or limit or dry_run:
+        raise typer.BadParameter(
+            "--name, --older-than, --since, --limit and --dry-run select stuck sagas: "
+            "give them without a saga id"
+        )
     with connect(settings) as conn, conn.transaction():
-        record = store.load(conn, saga_id)
-        if record is None:
-            raise UnknownSaga(f"no saga {saga_id} in schema {settings.db_schema!r}")
-        if record.status.finished:
-            raise NotResumable(f"saga {saga_id} is {record.status.value}; nothing to resume")
-        if not record.status.needs_operator:
-            idle = datetime.now(UTC) - (record.updated_at or datetime.now(UTC))
-            if idle < stuck_td:
-                raise NotResumable(
-                    f"saga {saga_id} is {record.status.value} and progressed "
-                    f"{idle.total_seconds():.0f}s ago; it is not stuck "
-                    f"(use --stuck-after to lower the threshold)"
-                )
-        Outbox(settings.db_schema).add(
-            conn,
-            ResumeSaga(saga_id=saga_id, reason=reason),
-            destination=record.service,
-            saga_id=saga_id,
-        )
-        _close_saga_dead_letters(conn, settings.db_schema, saga_id)
-    console.print(f"[green]resume of saga {saga_id} sent to {record.service!r}[/green]")
+        service = resumer.resume(conn, saga_id, stuck_after=stuck_td, reason=reason)
+    console.print(f"[green]resume of saga {saga_id} sent to {service!r}[/green]")
 
 
-def _close_saga_dead_letters(conn: Any, schema: str, saga_id: UUID) -> None:
-    """Resuming answers the saga's own dead letters: mark them replayed, and record it."""
-    store = DeadLetterStore(schema)
-    letters = [
-        letter
-        for letter in store.find(conn, DeadLetterFilter(status="pending", saga_id=saga_id))
-        if letter.error_type in ("CompensationFailed", "ForwardStepFailed")
-    ]
-    if letters:
-        ids = [letter.id for letter in letters]
-        store.mark_replayed(conn, ids)
-        store.record_replay(
-            conn, {"command": "saga resume", "saga_id": str(saga_id)}, ids, len(ids), 0, "resumed"
-        )
+def _resume_stuck(
+    settings: Settings, resumer: SagaResumer, which: StuckFilter, *, reason: str, dry_run: bool
+) -> None:
+    with connect(settings) as conn:
+        stuck = resumer.find_stuck(conn, which)
+        conn.commit()
+        groups = Counter((s.name, s.status, s.step or "") for s in stuck)
+        table = Table(title=f"{len(stuck)} stuck saga(s) (no progress for {which.stuck_after})")
+        for column in ("name", "status", "step", "sagas"):
+            table.add_column(column, justify="right" if column == "sagas" else "left")
+        for (saga_name, status, step), number in sorted(groups.items()):
+            table.add_row(saga_name, status, step, f"{number:,}")
+        console.print(table)
+        if dry_run or not stuck:
+            console.print(f"{'dry run: ' if dry_run else ''}{len(stuck)} saga(s) to resume")
+            return
+        with Progress(console=err_console) as bar:
+            task = bar.add_task("resuming", total=len(stuck))
+            resumed = resumer.resume_stuck(
+                conn, stuck, reason=reason, progress=lambda n: bar.advance(task, n)
+            )
+    services = Counter(s.service for s in stuck)
+    sent = ", ".join(f"{number} to {service!r}" for service, number in sorted(services.items()))
+    console.print(f"[green]resumed {resumed} saga(s): {sent}[/green]")

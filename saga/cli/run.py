@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from saga.cli.common import (
+    AcceptRedisMessageLossOption,
     BrokerUrlOption,
     DatabaseUrlOption,
     HeartbeatOption,
@@ -43,7 +44,11 @@ def _metrics(port: int | None, settings: Settings) -> Metrics | None:
 
 
 def _broker(settings: Settings) -> BrokerConfig:
-    return BrokerConfig(settings.require_broker_url(), heartbeat=settings.broker_heartbeat)
+    return BrokerConfig(
+        settings.require_broker_url(),
+        heartbeat=settings.broker_heartbeat,
+        accept_redis_message_loss=settings.accept_redis_message_loss,
+    )
 
 
 def _seconds(text: str | None) -> float | None:
@@ -74,13 +79,14 @@ def relay(
     ] = None,
     metrics_port: MetricsPortOption = None,
     heartbeat: HeartbeatOption = None,
+    accept_redis_message_loss: AcceptRedisMessageLossOption = False,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
 ) -> None:
     """Publish committed outbox rows to the broker until SIGTERM (run any number of these)."""
     from outbox_relay.relay import Relay, RelayOptions
 
-    settings = settings_from(database_url, broker_url, schema, heartbeat)
+    settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
     setup_logging(settings, log_level, log_format)
     options = RelayOptions(
         schema=settings.db_schema,
@@ -124,6 +130,7 @@ def consume(
     ] = True,
     metrics_port: MetricsPortOption = None,
     heartbeat: HeartbeatOption = None,
+    accept_redis_message_loss: AcceptRedisMessageLossOption = False,
     log_level: LogLevelOption = "INFO",
     log_format: LogFormatOption = "text",
 ) -> None:
@@ -136,7 +143,7 @@ def consume(
     from consumers.worker import ConsumerOptions
     from saga.cli.loading import load_service
 
-    settings = settings_from(database_url, broker_url, schema, heartbeat)
+    settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
     setup_logging(settings, log_level, log_format)
     service = load_service(target)
     runner = ServiceRunner(

@@ -5,12 +5,18 @@ Each test here runs once per transport through the ``any_broker`` fixture.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
+import pytest
+
 from consumers import Outcome
+from examples.order_saga.redis_server import RedisServer
 from saga import Outbox
 from saga.envelope import Envelope
+from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL, Hop, Ping, service
@@ -80,3 +86,85 @@ def test_delayed_message_arrives_after_its_delay(db: TestDatabase, any_broker: T
         wait_until(lambda: _count(db, "ping") == 1, what="the delayed ping")
     applied_at = db.scalar("SELECT applied_at FROM effects")
     assert applied_at - written_at >= timedelta(seconds=1)
+
+
+# -- A Redis restart (a private redis-server each: the shared one is never restarted) -----
+
+
+def _pings(db: TestDatabase, count: int, first: int = 0) -> None:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        for i in range(first, first + count):
+            Outbox().add(conn, Ping(key=f"k{i}", n=i), destination=service.name)
+
+
+def _outbox_empty(db: TestDatabase) -> bool:
+    return db.scalar("SELECT count(*) FROM saga.outbox") == 0
+
+
+def test_a_persistent_redis_restart_loses_nothing(
+    db: TestDatabase,
+    private_redis: Callable[..., RedisServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis crashes after taking messages and while relay and consumer are connected:
+    both reconnect, and every message the relay handed over is still delivered, once."""
+    db.execute(EFFECTS_DDL)
+    server = private_redis(persistent=True)
+    broker = TestBroker(server.url, "redis")
+    with running_relay(db, broker):
+        _pings(db, 200)
+        wait_until(lambda: _outbox_empty(db), what="the first 200 published")
+        server.crash()
+        _pings(db, 200, first=200)  # their publish fails midway: uncertain, so not published
+        wait_until(lambda: "relay lost a connection" in caplog.text, what="a failed publish")
+        server.start()
+        wait_until(lambda: _outbox_empty(db), what="the next 200 published")
+    with running_service(service, db, broker) as runner, running_relay(db, broker):
+        wait_until(lambda: _count(db, "ping") == 400, what="400 pings")
+        server.restart()  # the consumer's and the relay's connections die under them
+        _pings(db, 100, first=400)
+        wait_until(lambda: _count(db, "ping") == 500, what="100 more pings after the restart")
+        assert runner.failure is None
+    assert db.scalar("SELECT count(DISTINCT key) FROM effects") == 500
+
+
+def _saga_statuses(db: TestDatabase) -> dict[str, int]:
+    rows = db.rows("SELECT status, count(*) FROM saga.saga_instances GROUP BY 1")
+    return {status: int(number) for status, number in rows}
+
+
+def test_sagas_stranded_by_a_redis_without_persistence_are_recovered_by_bulk_resume(
+    db: TestDatabase, private_redis: Callable[..., RedisServer]
+) -> None:
+    """The relay hands 30 commands to a Redis that forgets; Redis restarts; one
+    ``saga resume`` brings every saga to its end, each effect applied once."""
+    db.execute(EFFECTS_DDL)
+    server = private_redis(persistent=False)
+    broker = TestBroker(server.url, "redis", accepts_message_loss=True)
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        for i in range(30):
+            trips.trip.start(conn, trips.TripData(trip_id=f"lost-{i}"))
+    with running_relay(db, broker):
+        wait_until(lambda: _outbox_empty(db), what="30 charge commands handed to Redis")
+    server.restart()  # no persistence: the 30 commands are gone
+    with (
+        running_relay(db, broker),
+        running_service(trips.registry.as_service(), db, broker),
+        running_service(trips.bank, db, broker),
+    ):
+        assert _saga_statuses(db) == {"running": 30}
+        dry = saga_cli(db.url, "resume", "--stuck-after", "0s", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "dry run: 30 saga(s) to resume" in dry.stdout
+        assert _count(db, "charge") == 0 and _outbox_empty(db)
+        other = saga_cli(db.url, "resume", "--stuck-after", "0s", "--name", "other_saga")
+        assert "0 saga(s) to resume" in other.stdout
+        result = saga_cli(db.url, "resume", "--stuck-after", "0s", "--reason", "redis lost")
+        assert result.returncode == 0, result.stderr
+        assert "resumed 30 saga(s): 30 to 'trips'" in result.stdout
+        wait_until(lambda: _saga_statuses(db) == {"completed": 30}, what="30 completed")
+    for kind in ("open", "charge", "confirm"):
+        assert db.scalar(
+            "SELECT count(DISTINCT key) = 30 AND count(*) = 30 FROM effects WHERE kind = %s",
+            (kind,),
+        ), kind

@@ -24,10 +24,14 @@ class TestBroker:
         default_factory=lambda: Topology(queue_prefix=f"t{uuid.uuid4().hex[:10]}.")
     )
     destinations: set[str] = field(default_factory=set)
+    #: The shared test Redis runs without persistence: tests that use it accept the risk.
+    accepts_message_loss: bool = False
 
     @property
     def config(self) -> BrokerConfig:
-        return BrokerConfig(self.url, visibility_timeout=5)
+        return BrokerConfig(
+            self.url, visibility_timeout=5, accept_redis_message_loss=self.accepts_message_loss
+        )
 
     def use(self, *destinations: str) -> None:
         self.destinations.update(destinations)
