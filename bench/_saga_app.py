@@ -15,8 +15,7 @@ import psycopg
 from pydantic import BaseModel
 
 from bench.workload import LOG, UPDATE
-from consumers import HandlerContext, Service
-from saga import Saga, SagaRegistry
+from saga import HandlerContext, Saga, SagaRegistry, Service
 
 
 class Run(BaseModel):

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from saga.migrate import migrate
+from saga.db.schema import migrate
 
 ADMIN_URL = os.environ.get(
     "SAGA_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -9,8 +9,8 @@ from kombu import Connection
 
 from bench.environment import AMQP_URL, ScratchDatabase
 from outbox_relay import Relay, RelayOptions
-from saga.envelope import Envelope
-from saga.transport import BrokerConfig, Topology
+from saga.broker.transport import BrokerConfig, Topology
+from saga.messaging.envelope import Envelope
 
 DESTINATION = "bench"
 

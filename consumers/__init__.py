@@ -1,12 +1,12 @@
 """The service runtime: handlers, inbox deduplication, retries, dead letters."""
 
-from consumers.context import HandlerContext
 from consumers.processing import BatchProcessor, Delivery, Outcome
-from consumers.retry import RetryPolicy
 from consumers.runner import ServiceRunner
-from consumers.service import Service
 from consumers.worker import ConsumerOptions, Worker
 from saga.errors import StepFailed
+from saga.handlers.context import HandlerContext
+from saga.handlers.retry import RetryPolicy
+from saga.handlers.service import Service
 
 __all__ = [
     "BatchProcessor",

@@ -13,8 +13,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, ValidationError
 
-from consumers.service import HandlerSpec, Service
-from saga.envelope import CONTENT_TYPE, Envelope
+from saga.handlers.service import HandlerSpec, Service
+from saga.messaging.envelope import CONTENT_TYPE, Envelope
 
 
 class Rejection(Exception):

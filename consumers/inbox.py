@@ -7,7 +7,7 @@ from uuid import UUID
 
 import psycopg
 
-from saga.identifiers import render
+from saga.db.sql import render
 
 _RECORD = """
 INSERT INTO {schema}.inbox (consumer, message_id)

@@ -25,27 +25,27 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from consumers.context import HandlerContext
 from consumers.decoding import Decoded, Rejection, decode
 from consumers.inbox import Inbox
-from consumers.retry import BatchConflict
-from consumers.service import Service
-from saga import tracing
-from saga.closed_steps import ClosedSteps
-from saga.dead_letters import DeadLetter, DeadLetterStore
-from saga.effects import SideEffects
-from saga.envelope import (
+from saga.effects.side_effects import SideEffects
+from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
+from saga.faults import fault_point
+from saga.handlers.closed_steps import ClosedSteps
+from saga.handlers.context import HandlerContext
+from saga.handlers.retry import BatchConflict
+from saga.handlers.service import Service
+from saga.messaging.control import DEAD_LETTERED, STEP_CLOSED, Ack, FailureReply
+from saga.messaging.dead_letters import DeadLetter, DeadLetterStore
+from saga.messaging.envelope import (
     ATTEMPT_HEADER,
     COMMITTED_AT_HEADER,
     STEP_HEADER,
 )
-from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
-from saga.faults import fault_point
-from saga.logcontext import log_context
-from saga.metrics import Metrics
-from saga.outbox import Outbox, OutgoingMessage
-from saga.replies import DEAD_LETTERED, STEP_CLOSED, Ack, FailureReply
-from saga.signing import KeyRing, SignatureRejected
+from saga.messaging.outbox import Outbox, OutgoingMessage
+from saga.messaging.signing import KeyRing, SignatureRejected
+from saga.observability import tracing
+from saga.observability.logs import log_context
+from saga.observability.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import time
 from collections import Counter
 
 from consumers.processing import Outcome
-from consumers.service import Service
 from consumers.worker import ConsumerOptions, Worker
-from saga.metrics import Metrics
-from saga.transport import BrokerConfig, Topology
+from saga.broker.transport import BrokerConfig, Topology
+from saga.handlers.service import Service
+from saga.observability.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -23,22 +23,22 @@ from kombu import Connection, Consumer
 from kombu.message import Message
 
 from consumers.processing import BatchProcessor, Delivery, Outcome
-from consumers.service import Service
+from outbox_relay.claims import RelayStore
 from outbox_relay.publisher import BatchPublisher
-from outbox_relay.store import RelayStore
-from saga.broker_durability import check_broker_durability
-from saga.effects import DEFAULT_LEASE, SideEffects
-from saga.envelope import CONTENT_TYPE
+from saga.broker.durability import check_broker_durability
+from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
+from saga.broker.transport import BrokerConfig, Topology
+from saga.db.sql import validate_schema
+from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
 from saga.errors import SagaError
 from saga.faults import fault_point
-from saga.identifiers import validate_schema
-from saga.logcontext import log_context
-from saga.metrics import Metrics
-from saga.outbox import collect_written
-from saga.reconnect import close_quietly, connect_with_retry, transient_errors
-from saga.redact import password_of, redact_text, redact_url
-from saga.signing import KeyRing
-from saga.transport import BrokerConfig, Topology
+from saga.handlers.service import Service
+from saga.messaging.envelope import CONTENT_TYPE
+from saga.messaging.outbox import collect_written
+from saga.messaging.signing import KeyRing
+from saga.observability.logs import log_context
+from saga.observability.metrics import Metrics
+from saga.observability.redaction import password_of, redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from kombu import Connection, Producer
 
-from outbox_relay.store import OutboxRow
-from saga.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE
-from saga.signing import KeyRing
-from saga.transport import Topology
+from outbox_relay.claims import OutboxRow
+from saga.broker.transport import Topology
+from saga.messaging.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE
+from saga.messaging.signing import KeyRing
 
 logger = logging.getLogger(__name__)
 

@@ -21,19 +21,19 @@ from typing import Any
 import psycopg
 from kombu import Connection
 
+from outbox_relay.claims import OutboxRow, RelayStore, check_durability
 from outbox_relay.publisher import BatchPublisher, PublishOutcome
-from outbox_relay.store import OutboxRow, RelayStore, check_durability
-from saga.broker_durability import check_broker_durability
+from saga.broker.durability import check_broker_durability
+from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
+from saga.broker.transport import BrokerConfig, Topology
+from saga.db.sql import validate_schema
 from saga.errors import ConfigurationError
 from saga.faults import fault_point
-from saga.identifiers import validate_schema
-from saga.metrics import Metrics
-from saga.outbox import wake_channel
-from saga.reconnect import close_quietly, connect_with_retry, transient_errors
-from saga.redact import password_of, redact_text, redact_url
-from saga.retention import Pruner, RetentionPolicy
-from saga.signing import KeyRing
-from saga.transport import BrokerConfig, Topology
+from saga.messaging.outbox import wake_channel
+from saga.messaging.signing import KeyRing
+from saga.observability.metrics import Metrics
+from saga.observability.redaction import password_of, redact_text, redact_url
+from saga.operations.retention import Pruner, RetentionPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,13 @@
-"""Outbox-based, message-passing sagas on PostgreSQL."""
+"""Outbox-based, message-passing sagas on PostgreSQL.
 
-from saga.definition import Saga, StepRetry
-from saga.envelope import Envelope, message_type_of
+Everything a service needs to define sagas and handlers and to write messages
+comes from here, in one import line. None of it loads a broker client: the
+runtime that talks to brokers lives in :mod:`consumers` and :mod:`outbox_relay`.
+"""
+
+from saga.db.sql import Tx
+from saga.engine.definition import Saga, StepRetry
+from saga.engine.registry import SagaRegistry
 from saga.errors import (
     ConfigurationError,
     InvalidIdentifier,
@@ -10,27 +16,31 @@ from saga.errors import (
     StepFailed,
     UnknownMessageType,
 )
-from saga.ids import uuid7
-from saga.outbox import Outbox, OutgoingMessage
-from saga.registry import SagaRegistry
-from saga.replies import FailureReply
-from saga.transport import BrokerConfig, Topology
+from saga.handlers.context import HandlerContext
+from saga.handlers.retry import RetryPolicy
+from saga.handlers.service import Service
+from saga.messaging.control import FailureReply
+from saga.messaging.envelope import Envelope, message_type_of
+from saga.messaging.ids import uuid7
+from saga.messaging.outbox import Outbox, OutgoingMessage
 
 __all__ = [
-    "BrokerConfig",
     "ConfigurationError",
     "Envelope",
     "FailureReply",
+    "HandlerContext",
     "InvalidIdentifier",
     "MessageTooLarge",
     "Outbox",
     "OutgoingMessage",
+    "RetryPolicy",
     "Saga",
     "SagaError",
     "SagaRegistry",
+    "Service",
     "StepFailed",
     "StepRetry",
-    "Topology",
+    "Tx",
     "UnknownMessageType",
     "message_type_of",
     "uuid7",

@@ -87,7 +87,7 @@ class SagaDataTooLarge(SagaError):
     def __init__(self, saga: str, size: int, limit: int) -> None:
         super().__init__(
             f"saga {saga!r} data is {size} bytes, over the {limit}-byte cap; keep large "
-            "content in a claim check (saga.claimcheck) and put its id in the data"
+            "content in a claim check (saga.effects.claimcheck) and put its id in the data"
         )
         self.size = size
         self.limit = limit

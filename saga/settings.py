@@ -11,12 +11,12 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from saga.effects import DEFAULT_LEASE
+from saga.broker.transport import DEFAULT_HEARTBEAT
+from saga.db.sql import validate_schema
+from saga.effects.side_effects import DEFAULT_LEASE
 from saga.errors import ConfigurationError
-from saga.identifiers import validate_schema
-from saga.redact import password_of, redact_url
-from saga.signing import KeyRing
-from saga.transport import DEFAULT_HEARTBEAT
+from saga.messaging.signing import KeyRing
+from saga.observability.redaction import password_of, redact_url
 
 ENV_DATABASE_URL = "SAGA_DATABASE_URL"
 ENV_BROKER_URL = "SAGA_BROKER_URL"

@@ -44,8 +44,8 @@ from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.orders import OrderData, create_order
 from examples.order_saga.supervisor import Supervisor
-from saga.dead_letters import DeadLetterFilter, DeadLetterStore
-from saga.replay import replay
+from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterStore
+from saga.operations.replay import replay
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 KINDS = (

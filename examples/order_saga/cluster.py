@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 from kombu import Connection
 
-from saga.migrate import migrate
-from saga.transport import Topology
+from saga.broker.transport import Topology
+from saga.db.schema import migrate
 
 SERVICES = ("orders", "customers", "inventory", "payments")
 TARGETS = {

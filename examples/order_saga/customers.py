@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
-from consumers import HandlerContext, Service, StepFailed
 from examples.order_saga.flakiness import maybe_glitch
 from examples.order_saga.messages import CreditReserved, ReleaseCredit, ReserveCredit
-
-Tx = psycopg.Connection[Any]
+from saga import HandlerContext, Service, StepFailed, Tx
 
 service = Service("customers")
 

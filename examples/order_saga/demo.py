@@ -25,7 +25,7 @@ from examples.order_saga import driver, invariants
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.processes import SagaProcess
 from saga.cli.sagas import render_saga, timeline_entries
-from saga.store import SagaStore
+from saga.engine.store import SagaStore
 
 console = Console()
 WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))
@@ -54,7 +54,7 @@ def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
     if server_url:
         where.append("PostgreSQL from SAGA_DATABASE_URL")
     else:
-        from saga.embedded import EmbeddedPostgres
+        from saga.db.embedded import EmbeddedPostgres
 
         with console.status("starting an embedded PostgreSQL"):
             embedded = EmbeddedPostgres(WORK_DIR / "pg")
@@ -85,7 +85,7 @@ def _create_broker_tables(url: str) -> None:
     """Declare the queues here, so kombu creates its tables once, before eight processes race."""
     from kombu import Connection
 
-    from saga.transport import Topology
+    from saga.broker.transport import Topology
 
     with Connection(url) as conn:
         channel = conn.channel()

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
-from consumers import HandlerContext, Service, StepFailed
 from examples.order_saga.flakiness import maybe_glitch
 from examples.order_saga.messages import (
     ReleaseStock,
@@ -15,8 +10,7 @@ from examples.order_saga.messages import (
     ShipmentScheduled,
     StockReserved,
 )
-
-Tx = psycopg.Connection[Any]
+from saga import HandlerContext, Service, StepFailed, Tx
 
 service = Service("inventory")
 

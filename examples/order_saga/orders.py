@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
-import psycopg
 from pydantic import BaseModel
 
 from examples.order_saga.messages import (
@@ -21,9 +19,7 @@ from examples.order_saga.messages import (
     ShipmentScheduled,
     StockReserved,
 )  # fmt: skip
-from saga import Saga, SagaRegistry
-
-Tx = psycopg.Connection[Any]
+from saga import Saga, SagaRegistry, Tx
 
 
 class OrderData(BaseModel):

@@ -8,16 +8,11 @@ gateway sees the same key every time (a refund has a key of its own).
 from __future__ import annotations
 
 import os
-from typing import Any
 
-import psycopg
-
-from consumers import HandlerContext, RetryPolicy, Service, StepFailed
 from examples.order_saga.flakiness import maybe_glitch
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge
-
-Tx = psycopg.Connection[Any]
+from saga import HandlerContext, RetryPolicy, Service, StepFailed, Tx
 
 
 def _retry() -> RetryPolicy:

@@ -10,9 +10,10 @@ import psycopg
 import typer
 from rich.console import Console
 
+from saga.broker.transport import DEFAULT_HEARTBEAT
 from saga.errors import DatabaseUnavailable
-from saga.logs import configure_logging
-from saga.redact import password_of, redact_text
+from saga.observability.logs import configure_logging
+from saga.observability.redaction import password_of, redact_text
 from saga.settings import (
     ENV_ACCEPT_REDIS_MESSAGE_LOSS,
     ENV_BROKER_URL,
@@ -21,7 +22,6 @@ from saga.settings import (
     Settings,
     load_settings,
 )
-from saga.transport import DEFAULT_HEARTBEAT
 
 console = Console()
 err_console = Console(stderr=True)

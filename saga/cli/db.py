@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from saga import migrate as migrations
-from saga import roles
 from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
 from saga.cli.durations import parse_duration
-from saga.retention import Pruner, RetentionPolicy
+from saga.db import schema as migrations
+from saga.operations import roles
+from saga.operations.retention import Pruner, RetentionPolicy
 
 app = typer.Typer(help="Create and upgrade the framework's tables.", no_args_is_help=True)
 

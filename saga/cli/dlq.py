@@ -20,13 +20,13 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
-from saga.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
-from saga.envelope import Envelope
+from saga.engine.store import SagaStore
 from saga.errors import SagaError
-from saga.masking import mask
-from saga.replay import NotReplayable, outgoing_for, purge, replay, superseded
+from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
+from saga.messaging.envelope import Envelope
+from saga.observability.redaction import mask
+from saga.operations.replay import NotReplayable, outgoing_for, purge, replay, superseded
 from saga.settings import Settings
-from saga.store import SagaStore
 
 app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
 

@@ -6,9 +6,9 @@ import importlib
 import os
 import sys
 
-from consumers.service import Service
+from saga.engine.registry import SagaRegistry
 from saga.errors import ConfigurationError
-from saga.registry import SagaRegistry
+from saga.handlers.service import Service
 
 
 def load_object(target: str) -> object:

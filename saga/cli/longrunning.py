@@ -19,11 +19,11 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.loading import load_registry
+from saga.engine.registry import MigrationReport
+from saga.engine.signals import check_waiting, queue_signal
+from saga.engine.store import SagaStore
 from saga.errors import SignalRejected
-from saga.outbox import Outbox
-from saga.registry import MigrationReport
-from saga.signals import check_waiting, queue_signal
-from saga.store import SagaStore
+from saga.messaging.outbox import Outbox
 
 RegistryOption = Annotated[
     str,

@@ -22,10 +22,10 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
-from saga.resume import SagaResumer, StuckFilter
+from saga.engine.state import SagaStatus
+from saga.operations.resume import SagaResumer, StuckFilter
+from saga.operations.stats import collect
 from saga.settings import Settings
-from saga.state import SagaStatus
-from saga.stats import collect
 
 StuckAfterOption = Annotated[
     str, typer.Option(help="A running saga with no progress for this long is stuck.")

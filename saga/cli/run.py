@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from saga.broker.transport import BrokerConfig, Topology
 from saga.cli.common import (
     AcceptRedisMessageLossOption,
     BrokerUrlOption,
@@ -21,9 +22,8 @@ from saga.cli.common import (
     stop_on_signals,
 )
 from saga.cli.durations import parse_duration
-from saga.metrics import Metrics
+from saga.observability.metrics import Metrics
 from saga.settings import Settings
-from saga.transport import BrokerConfig, Topology
 
 MetricsPortOption = Annotated[
     int | None,

@@ -18,10 +18,10 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
+from saga.engine.orchestrator import request_cancel
+from saga.engine.state import SagaRecord, SagaStatus
+from saga.engine.store import SagaStore
 from saga.errors import UnknownSaga
-from saga.orchestrator import request_cancel
-from saga.state import SagaRecord, SagaStatus
-from saga.store import SagaStore
 
 STATUS_STYLE = {
     "running": "cyan",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from examples.order_saga.processes import SagaProcess, saga_env
-from saga.envelope import Envelope
+from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.services import EFFECTS_DDL, Flaky, service

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from consumers import RetryPolicy, Service
 from examples.order_saga import driver, invariants, payments
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.gateway import GatewayClient, GatewayServer
 from examples.order_saga.messages import ChargeCard
 from examples.order_saga.processes import REPO
 from examples.order_saga.supervisor import Supervisor
-from saga.envelope import Envelope
+from saga import RetryPolicy, Service
+from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from consumers import BatchProcessor, Delivery, Outcome
 from examples.order_saga.processes import SagaProcess, saga_env
-from saga.envelope import Envelope
-from saga.replies import FailureReply
+from saga.messaging.control import FailureReply
+from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
@@ -235,7 +235,7 @@ def test_batches_that_deadlock_on_hot_rows_still_finish(
     """Two workers whose batches lock the same rows in opposite orders: every message lands."""
     from typing import Any
 
-    from consumers import HandlerContext, Service
+    from saga import HandlerContext, Service
     from tests.support.services import Hop
 
     db.execute("CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL)")

@@ -12,12 +12,11 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from consumers import HandlerContext, Service
-from saga import Outbox, Saga, SagaRegistry, StepRetry
-from saga.claimcheck import ClaimCheck, ClaimNotFound
+from saga import HandlerContext, Outbox, Saga, SagaRegistry, Service, StepRetry
+from saga.effects.claimcheck import ClaimCheck, ClaimNotFound
 from saga.errors import ConfigurationError, SagaDataTooLarge, SignalRejected
-from saga.replies import Signal
-from saga.retention import Pruner
+from saga.messaging.control import Signal
+from saga.operations.retention import Pruner
 from tests.support import loans
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli

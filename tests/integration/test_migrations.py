@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from saga.db.schema import available_migrations, declared_schema_sql, migrate, status
 from saga.errors import InvalidIdentifier
-from saga.migrate import available_migrations, declared_schema_sql, migrate, status
 from tests.support.databases import TestDatabase
 
 

@@ -15,9 +15,9 @@ from pydantic import BaseModel
 
 from consumers import HandlerContext, Outcome, RetryPolicy, Service
 from saga import Outbox
-from saga.envelope import Envelope
-from saga.metrics import Metrics
-from saga.retention import Pruner, RetentionPolicy
+from saga.messaging.envelope import Envelope
+from saga.observability.metrics import Metrics
+from saga.operations.retention import Pruner, RetentionPolicy
 from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli

@@ -9,9 +9,9 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from saga.envelope import Envelope
 from saga.errors import NotCancellable
-from saga.replies import Ack
+from saga.messaging.control import Ack
+from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service

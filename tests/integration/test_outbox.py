@@ -10,8 +10,8 @@ import pytest
 from pydantic import BaseModel
 
 from saga import MessageTooLarge, Outbox
-from saga.envelope import Envelope
 from saga.errors import InvalidIdentifier
+from saga.messaging.envelope import Envelope
 from tests.support.databases import TestDatabase
 
 

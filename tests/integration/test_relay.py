@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from examples.order_saga.processes import SagaProcess, saga_env
 from outbox_relay import Relay, RelayOptions
 from saga import Outbox
-from saga.envelope import Envelope
 from saga.errors import UnsafeDurability
+from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.wait import wait_until

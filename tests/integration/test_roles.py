@@ -11,7 +11,7 @@ import pytest
 from consumers import Outcome
 from outbox_relay import Relay, RelayOptions
 from saga import Outbox
-from saga.envelope import Envelope
+from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from examples.order_saga import driver
 from examples.order_saga.cluster import TARGETS, Cluster
-from saga.tracing import trace_id
+from saga.observability.tracing import trace_id
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory
 from tests.support.example_cluster import gateway_running, make_cluster

@@ -13,7 +13,7 @@ import pytest
 from consumers import Outcome
 from examples.order_saga.redis_server import RedisServer
 from saga import Outbox
-from saga.envelope import Envelope
+from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli

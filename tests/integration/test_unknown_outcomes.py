@@ -13,24 +13,20 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from kombu import Connection
 from pydantic import BaseModel
 
-from consumers import HandlerContext, Service
-from saga import Saga, SagaRegistry
-from saga.dead_letters import DeadLetter, DeadLetterFilter, DeadLetterStore
-from saga.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
-from saga.replay import purge, superseded
-from saga.replies import DEAD_LETTERED, Ack, FailureReply
+from saga import HandlerContext, Saga, SagaRegistry, Service, Tx
+from saga.messaging.control import DEAD_LETTERED, Ack, FailureReply
+from saga.messaging.dead_letters import DeadLetter, DeadLetterFilter, DeadLetterStore
+from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
+from saga.operations.replay import purge, superseded
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
 from tests.support.sagas import FAST
 from tests.support.services import EFFECTS_DDL
 from tests.support.wait import wait_until
-
-Tx = psycopg.Connection[Any]
 
 
 class StashData(BaseModel):

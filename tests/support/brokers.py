@@ -9,7 +9,7 @@ from typing import Any
 
 from kombu import Connection, Consumer, Producer
 
-from saga.transport import BrokerConfig, Topology
+from saga.broker.transport import BrokerConfig, Topology
 
 
 @dataclass

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from saga.migrate import migrate
+from saga.db.schema import migrate
 
 
 def with_database(url: str, name: str) -> str:

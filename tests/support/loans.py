@@ -12,8 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumers import HandlerContext, Service, StepFailed
-from saga import Saga, SagaRegistry
+from saga import HandlerContext, Saga, SagaRegistry, Service, StepFailed
 from tests.support.sagas import FAST, Tx, effect
 
 LONG = timedelta(days=5)

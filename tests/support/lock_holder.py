@@ -14,7 +14,7 @@ import sys
 import psycopg
 import redis
 
-from saga.locks import FencedLock, LockLost
+from saga.effects.locks import FencedLock, LockLost
 
 FENCED_WRITE = "UPDATE fenced SET value = %s, token = %s WHERE id = 1 AND token < %s"
 

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 
 from consumers import BatchProcessor, Delivery, Service
-from saga.effects import SideEffects
-from saga.envelope import Envelope
+from saga.effects.side_effects import SideEffects
+from saga.messaging.envelope import Envelope
 
 
 @dataclass

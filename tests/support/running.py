@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from consumers import ConsumerOptions, Service, ServiceRunner
 from outbox_relay import Relay, RelayOptions
-from saga.metrics import Metrics
+from saga.observability.metrics import Metrics
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 

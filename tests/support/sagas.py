@@ -8,16 +8,12 @@ through the saga data so each test picks its own path.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
-import psycopg
 from pydantic import BaseModel
 
-from consumers import HandlerContext, RetryPolicy, Service, StepFailed
-from saga import Saga, SagaRegistry, StepRetry
+from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, StepRetry, Tx
 from tests.support.services import EFFECTS_DDL
 
-Tx = psycopg.Connection[Any]
 __all__ = ["EFFECTS_DDL", "TripData", "bank", "registry", "trip"]
 
 

@@ -90,7 +90,7 @@ def _redis_container() -> str | None:
 
 def _embedded_postgres() -> str | None:
     try:
-        from saga.embedded import EmbeddedPostgres
+        from saga.db.embedded import EmbeddedPostgres
     except ImportError:
         return None
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from pydantic import BaseModel
 
-from consumers import HandlerContext, RetryPolicy, Service, StepFailed
+from saga import HandlerContext, RetryPolicy, Service, StepFailed
 
 EFFECTS_DDL = """
 CREATE TABLE IF NOT EXISTS public.effects (

@@ -6,11 +6,11 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
-from consumers import RetryPolicy, Service
 from consumers.decoding import Rejection, decode
-from saga.envelope import Envelope
+from saga import RetryPolicy, Service
 from saga.errors import ConfigurationError, StepFailed
 from saga.faults import _parse
+from saga.messaging.envelope import Envelope
 
 
 class Cmd(BaseModel):

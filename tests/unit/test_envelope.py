@@ -6,8 +6,8 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from saga.envelope import Envelope, message_type_of
-from saga.ids import uuid7
+from saga.messaging.envelope import Envelope, message_type_of
+from saga.messaging.ids import uuid7
 
 
 class ReserveCredit(BaseModel):

@@ -4,12 +4,12 @@ import logging
 
 import pytest
 
+from saga.broker.transport import BrokerConfig
+from saga.db.sql import render, validate_name, validate_schema
 from saga.errors import ConfigurationError, InvalidIdentifier
-from saga.identifiers import render, validate_name, validate_schema
-from saga.logs import RedactingFilter
-from saga.redact import password_of, redact_text, redact_url
+from saga.observability.logs import RedactingFilter
+from saga.observability.redaction import password_of, redact_text, redact_url
 from saga.settings import load_settings
-from saga.transport import BrokerConfig
 
 SENTINEL = "s3ntinel-Pa55"
 

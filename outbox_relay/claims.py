@@ -1,0 +1,140 @@
+"""The relay's SQL: claim ready rows, delete what was published, defer or quarantine the rest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from saga.db.sql import render
+from saga.errors import UnsafeDurability
+
+_CLAIM = """
+SELECT id, message_id, destination, message_type, body, attempts
+FROM {schema}.outbox
+WHERE deliver_after IS NULL
+ORDER BY id
+LIMIT %s
+FOR UPDATE SKIP LOCKED
+"""
+
+_TAKE_IDS = """
+DELETE FROM {schema}.outbox
+WHERE id IN (
+    SELECT id FROM {schema}.outbox
+    WHERE id = ANY(%s) AND deliver_after IS NULL
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, message_id, destination, message_type, body, attempts
+"""
+
+_DELETE = "DELETE FROM {schema}.outbox WHERE id = ANY(%s)"
+
+_DEFER = """
+UPDATE {schema}.outbox
+SET attempts = attempts + 1, last_error = %s, deliver_after = now() + %s::interval
+WHERE id = %s
+"""
+
+_QUARANTINE = """
+WITH moved AS (
+    DELETE FROM {schema}.outbox WHERE id = %s
+    RETURNING message_id, message_type, saga_id, destination, body, attempts, created_at
+)
+INSERT INTO {schema}.dead_letters
+    (consumer, reason, message_id, message_type, saga_id, destination, content_type, body,
+     error_type, error_message, attempts, first_failed_at)
+SELECT 'outbox_relay', 'unpublishable', message_id, message_type, saga_id, destination,
+       'application/json', body, %s, %s, attempts + 1, created_at
+FROM moved
+"""
+
+_PROMOTE_DUE = """
+UPDATE {schema}.outbox SET deliver_after = NULL
+WHERE id IN (
+    SELECT id FROM {schema}.outbox
+    WHERE deliver_after <= now()
+    ORDER BY deliver_after
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """One claimed outbox row."""
+
+    id: int
+    message_id: UUID
+    destination: str
+    message_type: str
+    body: bytes
+    attempts: int
+
+
+class RelayStore:
+    """Statements on one schema's outbox, run on a connection the caller manages."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._claim = render(_CLAIM, schema)
+        self._take_ids = render(_TAKE_IDS, schema)
+        self._delete = render(_DELETE, schema)
+        self._defer = render(_DEFER, schema)
+        self._quarantine = render(_QUARANTINE, schema)
+        self._promote = render(_PROMOTE_DUE, schema)
+
+    def claim(self, conn: psycopg.Connection[Any], limit: int) -> list[OutboxRow]:
+        """Lock up to ``limit`` ready rows in id order, skipping rows other relays hold."""
+        rows = conn.execute(self._claim, (limit,), prepare=True).fetchall()
+        return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+
+    def take_ids(self, conn: psycopg.Connection[Any], ids: list[int]) -> list[OutboxRow]:
+        """Delete and return the given ready rows in id order, skipping any a relay holds.
+
+        One statement instead of claim + delete: the caller publishes the rows and
+        rolls back if the broker refuses any, which puts them all back.
+        """
+        rows = sorted(conn.execute(self._take_ids, (ids,), prepare=True).fetchall())
+        return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+
+    def delete(self, conn: psycopg.Connection[Any], ids: list[int]) -> None:
+        if ids:
+            conn.execute(self._delete, (ids,), prepare=True)
+
+    def defer(
+        self, conn: psycopg.Connection[Any], row_id: int, error: str, delay: timedelta
+    ) -> None:
+        """Record a failed publish and hold the row back for ``delay``."""
+        conn.execute(self._defer, (error, delay, row_id))
+
+    def quarantine(
+        self, conn: psycopg.Connection[Any], row_id: int, error_type: str, error: str
+    ) -> None:
+        """Move a row that cannot be published to the dead letters, with its reason."""
+        conn.execute(self._quarantine, (row_id, error_type, error))
+
+    def promote_due(self, conn: psycopg.Connection[Any], limit: int = 1000) -> int:
+        """Make scheduled rows whose time has come ready to claim; return how many."""
+        cur = conn.execute(self._promote, (limit,), prepare=True)
+        return cur.rowcount
+
+
+def check_durability(conn: psycopg.Connection[Any], *, allow_async_commit: bool) -> None:
+    """Refuse to relay when commits on this server may be lost in a crash.
+
+    With ``synchronous_commit = off`` a writer's commit returns before it is
+    on disk: the relay could publish a message that a crash then erases.
+    """
+    row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    setting = row[0] if row else "on"
+    if setting == "off" and not allow_async_commit:
+        raise UnsafeDurability(
+            "synchronous_commit is off for this database/role: a crash could erase rows the "
+            "relay already published. Turn it on (ALTER DATABASE ... SET synchronous_commit = on) "
+            "or pass --allow-async-commit if you accept that risk."
+        )

@@ -1,0 +1,114 @@
+"""Broker connections and topology, shared by the relay and the consumers.
+
+Every destination (a service name) has one durable queue. Messages go to the
+broker's default exchange with the queue name as routing key: on RabbitMQ a
+``mandatory`` publish then detects a missing queue, and kombu's virtual
+transports (Redis, memory, SQLAlchemy) put the message straight on the
+queue's list, with no binding table that a Redis restart could wipe.
+Both the relay and consumers declare the queues they use, idempotently, on
+every connect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu import Connection, Queue
+
+from saga.db.sql import validate_name
+from saga.errors import ConfigurationError
+from saga.observability.redaction import redact_url
+
+SUPPORTED_SCHEMES = (
+    "amqp",
+    "amqps",
+    "pyamqp",
+    "redis",
+    "rediss",
+    "memory",
+    "sqla+postgresql",
+    "sqla+postgresql+psycopg",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How destinations map to queues: ``queue_prefix + destination``."""
+
+    queue_prefix: str = "saga."
+    queue_arguments: dict[str, Any] = field(default_factory=dict)
+
+    def queue_name(self, destination: str) -> str:
+        return self.queue_prefix + validate_name(destination, "destination")
+
+    def queue(self, destination: str) -> Queue:
+        return Queue(
+            self.queue_name(destination),
+            durable=True,
+            auto_delete=False,
+            queue_arguments=self.queue_arguments or None,
+        )
+
+
+#: Seconds between AMQP heartbeats unless configured.
+DEFAULT_HEARTBEAT = 20
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Where the broker is and how to talk to it."""
+
+    url: str
+    heartbeat: int = DEFAULT_HEARTBEAT
+    connect_timeout: float = 10.0
+    #: Redis: seconds before an unacknowledged message (its consumer died) is redelivered.
+    visibility_timeout: int = 300
+    #: Virtual transports that poll (memory, SQLAlchemy): seconds between polls of an empty queue.
+    polling_interval: float = 0.01
+    #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
+    #: synced on every write); refused otherwise (see :mod:`saga.broker.durability`).
+    accept_redis_message_loss: bool = False
+
+    def __post_init__(self) -> None:
+        scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
+        if scheme not in SUPPORTED_SCHEMES:
+            raise ConfigurationError(
+                f"broker URL {redact_url(self.url)!r} is not supported: use one of "
+                + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
+            )
+
+    def __repr__(self) -> str:
+        return f"BrokerConfig(url={redact_url(self.url)!r})"
+
+    @property
+    def scheme(self) -> str:
+        return self.url.split("://", 1)[0].lower()
+
+    @property
+    def is_amqp(self) -> bool:
+        return self.scheme in ("amqp", "amqps", "pyamqp")
+
+    @property
+    def is_redis(self) -> bool:
+        return self.scheme in ("redis", "rediss")
+
+    def connect(self) -> Connection:
+        """A new, not yet connected kombu connection."""
+        options: dict[str, Any] = {}
+        transport: str | None = None
+        if self.is_redis:
+            options["visibility_timeout"] = self.visibility_timeout
+            # kombu's Redis transport, made to keep a delivery through a Redis restart.
+            transport = "saga.broker.redis_transport:Transport"
+        connection = Connection(
+            self.url,
+            heartbeat=self.heartbeat if self.is_amqp else 0,
+            connect_timeout=self.connect_timeout,
+            transport=transport,
+            transport_options=options,
+        )
+        if not self.is_amqp:
+            # Not a transport option: the SQLAlchemy transport hands those to create_engine().
+            connection.transport.polling_interval = self.polling_interval
+        return connection

@@ -1,0 +1,474 @@
+"""Declaring a saga: its data model and its ordered, named steps, in one place.
+
+>>> create_order = Saga("create_order", data=OrderData, version=1)   # doctest: +SKIP
+>>> @create_order.local("create_pending_order", compensate="reject_order")
+... def create_pending_order(tx, data): ...
+>>> create_order.remote("reserve_credit", service="customers",
+...     command=lambda d: ReserveCredit(...), reply=CreditReserved,
+...     on_reply=lambda d, r: d.model_copy(update={"reservation_id": r.reservation_id}),
+...     compensate=lambda d: ReleaseCredit(reservation_id=d.reservation_id))
+
+Steps run in declaration order. A step marked ``pivot=True`` is the point of
+no return: the steps after it are retried until they succeed and are never
+compensated. Mistakes are reported by :meth:`Saga.validate` (run when the
+saga is registered), not when a saga instance first reaches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, TypeVar, cast, get_type_hints
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel
+
+from saga.db.sql import Tx, validate_name
+from saga.errors import ConfigurationError, SagaDataTooLarge
+
+D = TypeVar("D", bound=BaseModel)
+
+
+#: ``on_timeout`` / ``on_deadline`` / ``on_dead_letter`` values.
+COMPENSATE = "compensate"
+RETRY = "retry"
+HOLD = "hold"
+DEFAULT_MAX_DATA_BYTES = 64 * 1024
+LocalAction = Callable[[Tx, Any], BaseModel | None]
+CommandBuilder = Callable[[Any], BaseModel]
+ReplyHandler = Callable[[Any, Any], BaseModel]
+Condition = Callable[[Any], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRetry:
+    """How often a step after the pivot, or a compensation, is tried again.
+
+    Attempt ``n`` waits ``min(initial_delay * 2 ** (n - 1), max_delay)`` seconds.
+    """
+
+    attempts: int = 5
+    initial_delay: float = 1.0
+    max_delay: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.initial_delay * 2 ** max(attempt - 1, 0), self.max_delay))
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStep:
+    """Code run inside the orchestrator's own transaction."""
+
+    name: str
+    action: LocalAction
+    compensation: LocalAction | str | None = None
+    when: Condition | None = None
+    pivot: bool = False
+    retry: StepRetry | None = None
+
+    kind = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStep:
+    """A command sent to a participant service, completed by its reply."""
+
+    name: str
+    command: CommandBuilder
+    service: str | None = None
+    command_type: type[BaseModel] | None = None
+    reply: type[BaseModel] | None = None
+    on_reply: ReplyHandler | None = None
+    compensation: CommandBuilder | None = None
+    compensation_service: str | None = None
+    when: Condition | None = None
+    pivot: bool = False
+    retry: StepRetry | None = None
+    deadline: timedelta | None = None
+    on_deadline: str = RETRY
+    on_dead_letter: str = COMPENSATE
+
+    kind = "remote"
+
+
+@dataclass(frozen=True, slots=True)
+class WaitStep:
+    """A durable wait for a named external event (``saga signal``), with a timeout.
+
+    While it waits no process holds the saga: it is a row, and its timeout a
+    scheduled message. ``on_event(data, event)`` returns the new data (or
+    None); raising :class:`~saga.errors.StepFailed` compensates. On timeout the
+    saga compensates, or jumps to the step named by ``on_timeout``.
+    """
+
+    name: str
+    event: str
+    payload: type[BaseModel]
+    timeout: timedelta | None = None
+    on_event: ReplyHandler | None = None
+    on_timeout: str = COMPENSATE
+    when: Condition | None = None
+    pivot: bool = False
+    retry: StepRetry | None = None
+    compensation: None = None
+
+    kind = "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationRule:
+    """How running sagas of ``from_version`` move to the version that declares the rule.
+
+    A saga moves unless its recorded progress shows it completed ``unless_passed``.
+    """
+
+    from_version: int
+    unless_passed: str
+
+
+Step = LocalStep | RemoteStep | WaitStep
+
+
+@dataclass(slots=True)
+class _Draft:
+    local_compensations: dict[str, LocalAction] = field(default_factory=dict)
+
+
+class Saga(Generic[D]):
+    """A named, versioned saga definition over a pydantic data model."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        data: type[D],
+        version: int = 1,
+        retry: StepRetry | None = None,
+        max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+    ) -> None:
+        self.name = validate_name(name, "saga name")
+        if not (isinstance(data, type) and issubclass(data, BaseModel)):
+            raise ConfigurationError(f"saga {name!r}: data must be a pydantic model class")
+        if version < 1:
+            raise ConfigurationError(f"saga {name!r}: version must be 1 or more")
+        self.data_model = data
+        self.version = version
+        self.retry = retry or StepRetry()
+        self.max_data_bytes = max_data_bytes
+        self.steps: list[Step] = []
+        self.migrations: list[MigrationRule] = []
+        self._draft = _Draft()
+        self.registry: Any = None  # set by SagaRegistry.register
+
+    def __repr__(self) -> str:
+        return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
+
+    def check_data_size(self, data: BaseModel) -> None:
+        """Raise :class:`SagaDataTooLarge` if ``data`` serializes to over ``max_data_bytes``."""
+        size = len(data.__pydantic_serializer__.to_json(data))
+        if size > self.max_data_bytes:
+            raise SagaDataTooLarge(self.name, size, self.max_data_bytes)
+
+    # -- declaring steps -----------------------------------------------------
+
+    def local(
+        self,
+        name: str,
+        *,
+        compensate: LocalAction | str | None = None,
+        when: Condition | None = None,
+        pivot: bool = False,
+        retry: StepRetry | None = None,
+    ) -> Callable[[LocalAction], LocalAction]:
+        """Decorator: ``fn(tx, data)`` runs in the orchestrator's transaction.
+
+        It may return a new data object (saved with the saga) or None.
+        ``retry`` overrides the saga's :class:`StepRetry` for this step's compensation.
+        """
+
+        def register(action: LocalAction) -> LocalAction:
+            self.steps.append(LocalStep(name, action, compensate, when, pivot, retry))
+            return action
+
+        return register
+
+    def local_compensation(self, name: str) -> Callable[[LocalAction], LocalAction]:
+        """Decorator: a named local compensation, referred to by ``compensate="name"``."""
+
+        def register(action: LocalAction) -> LocalAction:
+            if name in self._draft.local_compensations:
+                raise ConfigurationError(f"saga {self.name!r}: compensation {name!r} defined twice")
+            self._draft.local_compensations[name] = action
+            return action
+
+        return register
+
+    def remote(
+        self,
+        name: str,
+        *,
+        command: CommandBuilder | type[BaseModel],
+        service: str | None = None,
+        reply: type[BaseModel] | None = None,
+        on_reply: ReplyHandler | None = None,
+        compensate: CommandBuilder | type[BaseModel] | None = None,
+        compensate_service: str | None = None,
+        when: Condition | None = None,
+        pivot: bool = False,
+        retry: StepRetry | None = None,
+        deadline: timedelta | None = None,
+        on_deadline: str = RETRY,
+        on_dead_letter: str = COMPENSATE,
+    ) -> None:
+        """A step that sends ``command(data)`` to ``service`` and waits for its reply.
+
+        ``command`` (and ``compensate``) is a function of the saga data, or a
+        message class built from the data's fields of the same names.
+        ``on_reply(data, reply)`` returns the updated data. ``retry`` overrides the
+        saga's :class:`StepRetry` for this step (after the pivot) and its compensation.
+        With a ``deadline``, a reply that has not come in time makes the saga send
+        the command again (``on_deadline="retry"``, same message id, up to the
+        retry attempts) or compensate, this step included
+        (``on_deadline="compensate"``).
+
+        When the participant gives up on the command (it becomes a dead letter there),
+        its outcome is unknown: it may have had its effect. ``on_dead_letter="compensate"``
+        compensates the saga, this step included; ``on_dead_letter="hold"`` keeps the saga
+        at this step (status ``step_dead_lettered``) until an operator replays the letter
+        (the saga goes on) or purges it (the saga compensates, this step included).
+        Either way a compensation must tolerate "nothing to undo".
+        """
+        for option, value, allowed in (
+            ("on_deadline", on_deadline, (RETRY, COMPENSATE)),
+            ("on_dead_letter", on_dead_letter, (COMPENSATE, HOLD)),
+        ):
+            if value not in allowed:
+                raise ConfigurationError(
+                    f"step {name!r}: {option} must be {allowed[0]!r} or {allowed[1]!r}, "
+                    f"not {value!r}"
+                )
+        self.steps.append(
+            RemoteStep(
+                name=name,
+                command=_builder(command),
+                service=service,
+                command_type=_message_type(command),
+                reply=reply,
+                on_reply=on_reply,
+                compensation=_builder(compensate) if compensate is not None else None,
+                compensation_service=compensate_service,
+                when=when,
+                pivot=pivot,
+                retry=retry,
+                deadline=deadline,
+                on_deadline=on_deadline,
+                on_dead_letter=on_dead_letter,
+            )
+        )
+
+    def wait(
+        self,
+        name: str,
+        *,
+        event: str,
+        payload: type[BaseModel],
+        timeout: timedelta | None = None,
+        on_event: ReplyHandler | None = None,
+        on_timeout: str = COMPENSATE,
+        when: Condition | None = None,
+    ) -> None:
+        """A step that waits for ``event`` (its data validated as ``payload``)."""
+        self.steps.append(WaitStep(name, event, payload, timeout, on_event, on_timeout, when))
+
+    def migrate_from(self, version: int, *, unless_passed: str) -> None:
+        """Move running sagas of ``version`` to this one, except those past ``unless_passed``.
+
+        Run with ``saga migrate-instances NAME --to THIS_VERSION``. Guards read each
+        saga's recorded progress, never the clock or the code.
+        """
+        self.migrations.append(MigrationRule(version, unless_passed))
+
+    def migration_from(self, version: int) -> MigrationRule | None:
+        return next((m for m in self.migrations if m.from_version == version), None)
+
+    # -- inspection ----------------------------------------------------------
+
+    def step(self, name: str) -> Step:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"saga {self.name!r} v{self.version} has no step {name!r}")
+
+    def index(self, name: str) -> int:
+        return self.steps.index(self.step(name))
+
+    @property
+    def pivot_index(self) -> int | None:
+        for i, step in enumerate(self.steps):
+            if step.pivot:
+                return i
+        return None
+
+    def after_pivot(self, name: str) -> bool:
+        """True for steps that only go forward (after the pivot step)."""
+        pivot = self.pivot_index
+        return pivot is not None and self.index(name) > pivot
+
+    def retry_for(self, step: Step) -> StepRetry:
+        return step.retry or self.retry
+
+    def local_compensation_for(self, step: LocalStep) -> LocalAction | None:
+        if step.compensation is None or callable(step.compensation):
+            return step.compensation
+        return self._draft.local_compensations[step.compensation]
+
+    def compensation_service(self, step: RemoteStep) -> str:
+        return step.compensation_service or self.service_of(step)
+
+    def service_of(self, step: RemoteStep) -> str:
+        if step.service:
+            return step.service
+        routes: dict[type[BaseModel], str] = getattr(self.registry, "routes", {}) or {}
+        if step.command_type is not None and step.command_type in routes:
+            return routes[step.command_type]
+        raise ConfigurationError(f"saga {self.name!r}: step {step.name!r} has no route")
+
+    def start(
+        self, conn: psycopg.Connection[Any], data: D, *, idempotency_key: str | None = None
+    ) -> UUID:
+        """Start an instance in the caller's transaction (the saga must be registered)."""
+        if self.registry is None:
+            raise ConfigurationError(
+                f"saga {self.name!r} is not registered: call SagaRegistry(...).register(saga) first"
+            )
+        started: UUID = self.registry.start(conn, self, data, idempotency_key=idempotency_key)
+        return started
+
+    def validate(self, routes: dict[type[BaseModel], str] | None = None) -> None:
+        """Raise :class:`ConfigurationError` listing every mistake in this definition."""
+        problems: list[str] = []
+        seen: set[str] = set()
+        routes = routes or {}
+        pivots = [s.name for s in self.steps if s.pivot]
+        if not self.steps:
+            problems.append("it has no steps")
+        if len(pivots) > 1:
+            problems.append(f"more than one pivot step: {pivots}")
+        pivot = self.pivot_index
+        for i, step in enumerate(self.steps):
+            try:
+                validate_name(step.name, "step name")
+            except ConfigurationError as exc:
+                problems.append(str(exc))
+            if step.name in seen:
+                problems.append(f"duplicate step name {step.name!r}")
+            seen.add(step.name)
+            has_compensation = step.compensation is not None
+            if pivot is not None and i > pivot and has_compensation:
+                problems.append(
+                    f"step {step.name!r} comes after the pivot {self.steps[pivot].name!r} "
+                    "and so is never compensated; remove its compensation"
+                )
+            if isinstance(step, WaitStep):
+                problems.extend(self._wait_problems(i, step, pivot))
+            elif isinstance(step, LocalStep):
+                name = step.compensation
+                if isinstance(name, str) and name not in self._draft.local_compensations:
+                    problems.append(
+                        f"step {step.name!r} names compensation {name!r}, "
+                        "which no @local_compensation defines"
+                    )
+            else:
+                problems.extend(self._route_problems(step, routes))
+        if problems:
+            raise ConfigurationError(
+                f"saga {self.name!r} v{self.version} is invalid:\n  - " + "\n  - ".join(problems)
+            )
+
+    def _wait_problems(self, index: int, step: WaitStep, pivot: int | None) -> list[str]:
+        problems: list[str] = []
+        if not (isinstance(step.payload, type) and issubclass(step.payload, BaseModel)):
+            problems.append(f"wait step {step.name!r}: payload must be a pydantic model class")
+        target = step.on_timeout
+        if step.timeout is None:
+            return problems  # without a timeout, on_timeout never applies
+        if target != COMPENSATE:
+            if target not in [s.name for s in self.steps[index + 1 :]]:
+                problems.append(
+                    f"wait step {step.name!r}: on_timeout {target!r} is neither 'compensate' "
+                    "nor a later step"
+                )
+        elif pivot is not None and index > pivot:
+            problems.append(
+                f"wait step {step.name!r} is after the pivot, so its timeout cannot compensate; "
+                "name a later step in on_timeout"
+            )
+        return problems
+
+    def validate_migration(self, older: Saga[Any]) -> None:
+        """Check that sagas of ``older`` can continue on this version under its rule."""
+        rule = self.migration_from(older.version)
+        if rule is None:
+            return
+        names = {s.name for s in self.steps}
+        older_names = [s.name for s in older.steps]
+        if rule.unless_passed not in names or rule.unless_passed not in older_names:
+            raise ConfigurationError(
+                f"saga {self.name!r} v{self.version}: migration guard step {rule.unless_passed!r} "
+                f"must exist in v{older.version} and v{self.version}"
+            )
+        reachable = older_names[: older_names.index(rule.unless_passed) + 1]
+        missing = [n for n in reachable if n not in names]
+        if missing:
+            raise ConfigurationError(
+                f"saga {self.name!r} v{self.version} cannot take v{older.version} sagas that have "
+                f"not passed {rule.unless_passed!r}: it lacks their steps {missing}"
+            )
+
+    def _route_problems(self, step: RemoteStep, routes: dict[type[BaseModel], str]) -> list[str]:
+        if step.service:
+            try:
+                validate_name(step.service, "service name")
+            except ConfigurationError as exc:
+                return [f"step {step.name!r}: {exc}"]
+            return []
+        if step.command_type is None:
+            return [
+                f"step {step.name!r}: the command's type is unknown and no service= is given; "
+                "pass service=, or a message class / annotated function as command="
+            ]
+        if step.command_type not in routes:
+            return [
+                f"step {step.name!r}: command type {step.command_type.__name__} has no route; "
+                "pass service= or add it to the registry's routes"
+            ]
+        return []
+
+
+def _builder(command: CommandBuilder | type[BaseModel]) -> CommandBuilder:
+    if isinstance(command, type) and issubclass(command, BaseModel):
+        model = command
+
+        def build(data: BaseModel) -> BaseModel:
+            return model.model_validate(data.model_dump())
+
+        build.__qualname__ = f"{model.__name__}.from_saga_data"
+        return build
+    if not callable(command):
+        raise ConfigurationError(f"command must be a message class or a function, got {command!r}")
+    return cast(CommandBuilder, command)
+
+
+def _message_type(command: object) -> type[BaseModel] | None:
+    if isinstance(command, type) and issubclass(command, BaseModel):
+        return command
+    try:
+        hints = get_type_hints(command)
+    except Exception:
+        return None
+    returned = hints.get("return")
+    if isinstance(returned, type) and issubclass(returned, BaseModel):
+        return returned
+    return None

@@ -1,0 +1,310 @@
+"""Moving saga instances through their steps, one transaction at a time.
+
+Every entry point (start, a reply, a retry timer, a cancel request) loads the
+saga row, runs what it can in the caller's transaction (local steps in
+savepoints), queues the next command in the outbox and saves the row with an
+optimistic ``WHERE version = n``. A lost race raises
+:class:`~saga.errors.ConcurrentUpdate`, which the consumer runtime retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel, ValidationError
+
+from saga.engine.definition import Saga
+from saga.engine.execution import SagaRun, now
+from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
+from saga.engine.store import SagaStore
+from saga.errors import (
+    ConfigurationError,
+    NotCancellable,
+    StaleReply,
+    UnknownSaga,
+)
+from saga.messaging.control import (
+    FailureReply,
+    ResumeSaga,
+    Signal,
+    StepDeadline,
+    StepTimer,
+    WaitTimeout,
+)
+from saga.messaging.dead_letters import DeadLetterStore
+from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
+from saga.messaging.ids import uuid7
+from saga.observability import tracing
+from saga.observability.metrics import Metrics
+
+if TYPE_CHECKING:
+    from saga.engine.registry import SagaRegistry
+
+logger = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    """Runs the sagas of one registry against its home database."""
+
+    def __init__(self, registry: SagaRegistry) -> None:
+        self.registry = registry
+        self.store = SagaStore(registry.schema)
+        self.dead_letters = DeadLetterStore(registry.schema)
+
+    # -- entry points --------------------------------------------------------
+
+    def start(
+        self,
+        tx: psycopg.Connection[Any],
+        saga: Saga[Any],
+        data: BaseModel,
+        idempotency_key: str | None = None,
+    ) -> UUID:
+        if not isinstance(data, saga.data_model):
+            raise ConfigurationError(
+                f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
+            )
+        saga.check_data_size(data)
+        saga_id = uuid7()
+        inserted = self.store.insert(
+            tx,
+            saga_id,
+            saga.name,
+            saga.version,
+            self.registry.service_name,
+            data.model_dump(mode="json"),
+            idempotency_key,
+        )
+        if inserted is None:
+            assert idempotency_key is not None
+            existing = self.store.find_by_key(tx, saga.name, idempotency_key)
+            if existing is None:  # the other starter rolled back meanwhile: try again
+                return self.start(tx, saga, data, idempotency_key)
+            return existing
+        record = self.store.load(tx, saga_id)
+        assert record is not None
+        with tracing.span(f"saga {saga.name} start", attributes={"saga.id": saga_id}):
+            run = SagaRun(self, tx, saga, record, cause=None)
+            run.advance(0)
+            run.commit()
+        return saga_id
+
+    def on_reply(
+        self,
+        tx: psycopg.Connection[Any],
+        reply: BaseModel,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
+        record = self._load_for(tx, envelope.saga_id, envelope)
+        if record.pending_message_id is None or record.pending_message_id != envelope.causation_id:
+            self._late_reply(tx, record, reply, envelope, metrics)
+            return
+        run = self._run(tx, record, envelope, metrics)
+        if isinstance(reply, FailureReply):
+            run.on_failure(reply)
+        else:
+            run.on_success(reply)
+        run.commit()
+
+    def on_timer(
+        self,
+        tx: psycopg.Connection[Any],
+        timer: StepTimer,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
+        record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope)
+        run = self._run(tx, record, envelope, metrics)
+        run.on_timer(timer)
+        run.commit()
+
+    def on_signal(
+        self, tx: psycopg.Connection[Any], signal: Signal, metrics: Metrics | None = None
+    ) -> None:
+        record = self._load(tx, signal.saga_id)
+        run = self._run(tx, record, None, metrics)
+        try:
+            refused = run.on_signal(signal)
+        except ValidationError as exc:
+            refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
+        if refused:
+            self._ignored(tx, record, f"signal {signal.event}", refused)
+        else:
+            run.commit()
+
+    def on_wait_timeout(
+        self,
+        tx: psycopg.Connection[Any],
+        timeout: WaitTimeout,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
+        record = self._load(tx, timeout.saga_id)
+        if record.pending_message_id != envelope.message_id or record.waiting_for is None:
+            # A signal (or an operator) got there first: the timeout loses, and says so.
+            self._ignored(tx, record, timeout.step, "timeout lost the race: the saga moved on")
+            return
+        run = self._run(tx, record, envelope, metrics)
+        run.on_wait_timeout()
+        run.commit()
+
+    def on_deadline(
+        self,
+        tx: psycopg.Connection[Any],
+        deadline: StepDeadline,
+        envelope: Envelope,
+        metrics: Metrics | None = None,
+    ) -> None:
+        record = self._load(tx, deadline.saga_id)
+        if record.pending_message_id != deadline.awaited or record.status is not SagaStatus.RUNNING:
+            logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
+            return
+        run = self._run(tx, record, envelope, metrics)
+        run.on_deadline(deadline)
+        run.commit()
+
+    def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
+        request_cancel(self.store, tx, saga_id, reason)
+
+    def on_resume(
+        self, tx: psycopg.Connection[Any], request: ResumeSaga, metrics: Metrics | None = None
+    ) -> None:
+        record = self.store.load(tx, request.saga_id)
+        if record is None:
+            raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
+        run = self._run(tx, record, None, metrics)
+        if run.resume():
+            logger.warning(
+                "saga %s resumed at step %s (%s): %s",
+                record.id,
+                record.step,
+                record.status.value,
+                request.reason,
+                extra={"saga_id": str(record.id), "step": record.step},
+            )
+            run.commit()
+        else:
+            logger.warning(
+                "saga %s is %s with nothing pending; resume ignored",
+                record.id,
+                record.status.value,
+                extra={"saga_id": str(record.id)},
+            )
+
+    # -- helpers -------------------------------------------------------------
+
+    def _load(self, tx: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord:
+        record = self.store.load(tx, saga_id)
+        if record is None:
+            raise UnknownSaga(f"no saga {saga_id}")
+        return record
+
+    def _ignored(
+        self, tx: psycopg.Connection[Any], record: SagaRecord, step: str, reason: str
+    ) -> None:
+        """Record, without touching the saga, an event that arrived too late to matter."""
+        moment = now()
+        self.store.log(
+            tx,
+            [
+                StepLogEntry(
+                    record.id,
+                    step,
+                    Phase.FORWARD,
+                    record.step_attempt,
+                    "ignored",
+                    moment,
+                    moment,
+                    reason,
+                )
+            ],
+        )
+        logger.info("saga %s: %s ignored: %s", record.id, step, reason,
+                    extra={"saga_id": str(record.id), "step": step})  # fmt: skip
+
+    def _late_reply(
+        self,
+        tx: psycopg.Connection[Any],
+        record: SagaRecord,
+        reply: BaseModel,
+        envelope: Envelope,
+        metrics: Metrics | None,
+    ) -> None:
+        """A reply the saga no longer waits for: undo a late success, record the rest.
+
+        Never an error: retrying it cannot make the saga wait for it again, and a
+        success that came after the saga compensated past its step must be undone.
+        """
+        step = envelope.headers.get(STEP_HEADER) or "(reply)"
+        is_compensation = COMPENSATES_HEADER in envelope.headers
+        if not isinstance(reply, FailureReply) and not is_compensation:
+            run = self._run(tx, record, envelope, metrics)
+            if run.undo_late_success(step, reply):
+                run.commit()
+                return
+        what = f"{envelope.type} {envelope.message_id}"
+        if isinstance(reply, FailureReply):
+            what += f" ({reply.code or 'failure'}: {reply.reason})"
+        self._ignored(tx, record, step, f"{what} came after the saga moved on")
+
+    def _load_for(
+        self, tx: psycopg.Connection[Any], saga_id: UUID | None, envelope: Envelope
+    ) -> SagaRecord:
+        if saga_id is None:
+            raise UnknownSaga(f"{envelope.type} {envelope.message_id} carries no saga_id")
+        record = self.store.load(tx, saga_id)
+        if record is None:
+            raise UnknownSaga(
+                f"{envelope.type} {envelope.message_id} is for unknown saga {saga_id}"
+            )
+        return record
+
+    def _waiting(
+        self,
+        tx: psycopg.Connection[Any],
+        saga_id: UUID | None,
+        awaited: UUID | None,
+        envelope: Envelope,
+    ) -> SagaRecord:
+        record = self._load_for(tx, saga_id, envelope)
+        if record.pending_message_id is None or record.pending_message_id != awaited:
+            raise StaleReply(
+                f"saga {saga_id} ({record.status}, step {record.step!r}) is not waiting for "
+                f"{envelope.type} {envelope.message_id}"
+            )
+        return record
+
+    def _run(
+        self,
+        tx: psycopg.Connection[Any],
+        record: SagaRecord,
+        cause: Envelope | None,
+        metrics: Metrics | None,
+    ) -> SagaRun:
+        """A run of ``record`` under the definition of its name and version."""
+        saga = self.registry.definition(record.name, record.saga_version)
+        return SagaRun(self, tx, saga, record, cause=cause, metrics=metrics)
+
+
+def request_cancel(
+    store: SagaStore, tx: psycopg.Connection[Any], saga_id: UUID, reason: str
+) -> None:
+    """Ask a running saga to compensate once its pending step answers.
+
+    Refused (:class:`NotCancellable`) for a finished saga or one that reached
+    its pivot step, which can only go forward.
+    """
+    if store.request_cancel(tx, saga_id, reason):
+        return
+    record = store.load(tx, saga_id)
+    if record is None:
+        raise UnknownSaga(f"no saga {saga_id}")
+    if record.status is not SagaStatus.RUNNING:
+        raise NotCancellable(
+            f"saga {saga_id} is {record.status.value}; only a running saga can be cancelled"
+        )
+    raise NotCancellable(f"saga {saga_id} has reached its pivot step; it can only go forward")

@@ -1,0 +1,286 @@
+"""The registry: the sagas whose home is one service, run as that service's consumer.
+
+>>> registry = SagaRegistry("orders")                 # doctest: +SKIP
+>>> registry.register(create_order)
+>>> # saga consume orders.saga:registry
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel, ValidationError
+
+from saga.db.sql import validate_name, validate_schema
+from saga.engine import signals
+from saga.engine.definition import RemoteStep, Saga, WaitStep
+from saga.engine.orchestrator import Orchestrator
+from saga.engine.state import Phase, StepLogEntry
+from saga.errors import ConfigurationError, SignalRejected
+from saga.handlers.retry import RetryPolicy
+from saga.handlers.service import Handler, Service
+from saga.messaging.control import (
+    Ack,
+    FailureReply,
+    ResumeSaga,
+    Signal,
+    StepDeadline,
+    StepTimer,
+    WaitTimeout,
+)
+from saga.messaging.envelope import message_type_of
+from saga.messaging.outbox import Outbox
+
+if TYPE_CHECKING:
+    from saga.handlers.context import HandlerContext
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationReport:
+    """What ``migrate_instances`` did (or, dry, would do), per older version."""
+
+    moved: dict[int, int]
+    stayed: dict[int, int]
+
+
+class SagaRegistry:
+    """Collects saga definitions and runs them as the ``service`` consumer.
+
+    ``routes`` maps command types to the services that handle them, for
+    remote steps declared without ``service=``.
+    """
+
+    def __init__(
+        self,
+        service: str,
+        *,
+        schema: str = "saga",
+        routes: dict[type[BaseModel], str] | None = None,
+        retry: RetryPolicy | None = None,
+        outbox: Outbox | None = None,
+    ) -> None:
+        self.service_name = validate_name(service, "service name")
+        self.schema = validate_schema(schema)
+        self.routes = dict(routes or {})
+        self.retry = retry or RetryPolicy()
+        self.outbox = outbox or Outbox(self.schema)
+        self._sagas: dict[str, dict[int, Saga[Any]]] = {}
+        self._internal: dict[type[BaseModel], Handler] = {
+            StepTimer: self._on_timer,
+            ResumeSaga: self._on_resume,
+            Signal: self._on_signal,
+            WaitTimeout: self._on_wait_timeout,
+            StepDeadline: self._on_deadline,
+        }
+        built_in: list[type[BaseModel]] = [Ack, FailureReply, *self._internal]
+        self._reply_types: dict[str, type[BaseModel]] = {message_type_of(m): m for m in built_in}
+        self.orchestrator: Orchestrator = Orchestrator(self)
+        self._service: Service | None = None
+
+    def __repr__(self) -> str:
+        return f"SagaRegistry({self.service_name!r}, sagas={sorted(self._sagas)})"
+
+    def register(self, saga: Saga[Any]) -> Saga[Any]:
+        """Check ``saga`` and make it runnable here; every mistake is reported now."""
+        if self._service is not None:
+            raise ConfigurationError("register every saga before the registry's service starts")
+        saga.validate(self.routes)
+        versions = self._sagas.setdefault(saga.name, {})
+        if saga.version in versions:
+            raise ConfigurationError(
+                f"saga {saga.name!r} version {saga.version} is registered twice"
+            )
+        replies = [s.reply for s in saga.steps if isinstance(s, RemoteStep) and s.reply]
+        for reply in replies:
+            name = message_type_of(reply)
+            known = self._reply_types.get(name)
+            if known is not None and known is not reply:
+                raise ConfigurationError(
+                    f"reply type name {name!r} is used by two classes ({known!r} and {reply!r}); "
+                    "set message_type on one of them"
+                )
+        for reply in replies:
+            self._reply_types[message_type_of(reply)] = reply
+        for other in versions.values():
+            newer, older = (saga, other) if saga.version > other.version else (other, saga)
+            newer.validate_migration(older)
+        versions[saga.version] = saga
+        saga.registry = self
+        return saga
+
+    def definition(self, name: str, version: int | None = None) -> Saga[Any]:
+        """The registered saga ``name`` at ``version`` (the newest when None)."""
+        versions = self._sagas.get(name)
+        if not versions:
+            raise ConfigurationError(f"no saga named {name!r} is registered with {self!r}")
+        if version is None:
+            return versions[max(versions)]
+        if version not in versions:
+            raise ConfigurationError(
+                f"saga {name!r} version {version} is not registered (have {sorted(versions)})"
+            )
+        return versions[version]
+
+    @property
+    def sagas(self) -> list[Saga[Any]]:
+        return [saga for versions in self._sagas.values() for saga in versions.values()]
+
+    # -- app-facing calls ------------------------------------------------------
+
+    def start(
+        self,
+        conn: psycopg.Connection[Any],
+        saga: Saga[Any] | str,
+        data: BaseModel,
+        *,
+        idempotency_key: str | None = None,
+    ) -> UUID:
+        """Start a saga in the caller's transaction; the same key twice gives the same id."""
+        definition = self.definition(saga) if isinstance(saga, str) else saga
+        if definition.registry is not self:
+            raise ConfigurationError(f"saga {definition.name!r} is not registered with {self!r}")
+        saga_id: UUID = self.orchestrator.start(conn, definition, data, idempotency_key)
+        return saga_id
+
+    def signal(
+        self,
+        conn: psycopg.Connection[Any],
+        saga_id: UUID,
+        event: str,
+        data: BaseModel | dict[str, Any],
+    ) -> UUID:
+        """Deliver ``event`` to a waiting saga, atomically with the caller's transaction.
+
+        Raises :class:`~saga.errors.SignalRejected` (nothing written) for an unknown
+        saga, one not waiting for ``event``, or data its wait step does not accept.
+        """
+        record = signals.check_waiting(self.orchestrator.store.load(conn, saga_id), saga_id, event)
+        step = self.definition(record.name, record.saga_version).step(record.step or "")
+        assert isinstance(step, WaitStep)
+        try:
+            payload = step.payload.model_validate(
+                data.model_dump(mode="json") if isinstance(data, BaseModel) else data
+            )
+        except ValidationError as exc:
+            raise SignalRejected(f"invalid {event!r} data for saga {saga_id}: {exc}") from None
+        return signals.queue_signal(
+            conn, self.outbox, record, event, payload.model_dump(mode="json")
+        )
+
+    def check_versions(self, conn: psycopg.Connection[Any]) -> None:
+        """Refuse to run without the definitions that unfinished sagas still need."""
+        unfinished = self.orchestrator.store.unfinished_by_version(conn, list(self._sagas))
+        problems = [
+            f"saga {name!r} version {version} has {count} unfinished saga(s) but is not "
+            "registered; keep that version registered until they finish, or migrate them "
+            "(saga migrate-instances)"
+            for name, version, count in unfinished
+            if version not in self._sagas[name]
+        ]
+        if problems:
+            raise ConfigurationError("; ".join(problems))
+
+    def migrate_instances(
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        to_version: int,
+        *,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> MigrationReport:
+        """Move running sagas of older versions to ``to_version`` by its migration rules.
+
+        Each batch is a transaction; each saga moves in one row update whose guard
+        reads its recorded progress, so a saga past the guard step stays where it is.
+        """
+        target = self.definition(name, to_version)
+        if not target.migrations:
+            raise ConfigurationError(
+                f"saga {name!r} v{to_version} declares no migrate_from(...) rule"
+            )
+        store = self.orchestrator.store
+        moved: dict[int, int] = {}
+        stayed: dict[int, int] = {}
+        for rule in target.migrations:
+            with conn.transaction():
+                would_move, would_stay = store.migration_plan(
+                    conn, name, rule.from_version, rule.unless_passed
+                )
+            stayed[rule.from_version] = would_stay
+            if dry_run:
+                moved[rule.from_version] = would_move
+                continue
+            moved[rule.from_version] = 0
+            while True:
+                with conn.transaction():
+                    batch = store.migrate_batch(
+                        conn, name, rule.from_version, to_version, rule.unless_passed, batch_size
+                    )
+                    store.log(conn, _migrated_entries(batch, rule.from_version, to_version))
+                moved[rule.from_version] += len(batch)
+                if on_progress:
+                    on_progress(len(batch))
+                if len(batch) < batch_size:
+                    break
+        return MigrationReport(moved, stayed)
+
+    def cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
+        """Ask a running saga to compensate from where it is (in the caller's transaction)."""
+        self.orchestrator.cancel(conn, saga_id, reason)
+
+    # -- the consumer ----------------------------------------------------------
+
+    def as_service(self) -> Service:
+        """The orchestrator as a service: ``saga consume module:registry`` runs this."""
+        if self._service is None:
+            service = Service(self.service_name, retry=self.retry)
+            for message_class in self._reply_types.values():
+                handler = self._internal.get(message_class, self._on_reply)
+                service.add_handler(message_class, handler)
+            service.on_connect(self.check_versions)
+            self._service = service
+        return self._service
+
+    def _on_reply(self, tx: psycopg.Connection[Any], reply: BaseModel, ctx: HandlerContext) -> None:
+        self.orchestrator.on_reply(tx, reply, ctx.envelope, ctx.metrics)
+
+    def _on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, ctx: HandlerContext) -> None:
+        self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics)
+
+    def _on_resume(
+        self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext
+    ) -> None:
+        self.orchestrator.on_resume(tx, request, ctx.metrics)
+
+    def _on_signal(self, tx: psycopg.Connection[Any], signal: Signal, ctx: HandlerContext) -> None:
+        self.orchestrator.on_signal(tx, signal, ctx.metrics)
+
+    def _on_wait_timeout(
+        self, tx: psycopg.Connection[Any], timeout: WaitTimeout, ctx: HandlerContext
+    ) -> None:
+        self.orchestrator.on_wait_timeout(tx, timeout, ctx.envelope, ctx.metrics)
+
+    def _on_deadline(
+        self, tx: psycopg.Connection[Any], deadline: StepDeadline, ctx: HandlerContext
+    ) -> None:
+        self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics)
+
+
+def _migrated_entries(
+    rows: list[tuple[UUID, str | None, int]], from_version: int, to_version: int
+) -> list[StepLogEntry]:
+    moment = datetime.now(UTC)
+    note = f"moved from version {from_version} to {to_version}"
+    return [
+        StepLogEntry(
+            saga_id, step or "(start)", Phase.FORWARD, attempt, "migrated", moment, moment, note
+        )
+        for saga_id, step, attempt in rows
+    ]

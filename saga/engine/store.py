@@ -1,0 +1,300 @@
+"""The orchestrator's SQL: saga instances and their step log."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from saga.db.sql import render
+from saga.engine.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
+
+_COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
+    pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
+    version, started_at, updated_at, step_started_at, finished_at, waiting_for, wait_schema,
+    wait_deadline"""
+
+_INSERT = """
+INSERT INTO {schema}.saga_instances
+    (id, name, saga_version, service, status, data, idempotency_key)
+VALUES (%s, %s, %s, %s, 'running', %s, %s)
+ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+"""
+
+_BY_KEY = "SELECT id FROM {schema}.saga_instances WHERE name = %s AND idempotency_key = %s"
+
+_LOAD = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = %s"
+
+_UPDATE = """
+UPDATE {schema}.saga_instances SET
+    status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
+    step_attempt = %s, cancel_requested = %s, pivot_reached = %s, last_error = %s,
+    step_started_at = %s, waiting_for = %s, wait_schema = %s, wait_deadline = %s,
+    finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
+    updated_at = now(), version = version + 1
+WHERE id = %s AND version = %s
+RETURNING version
+"""
+
+_LOG = """
+INSERT INTO {schema}.saga_steps
+    (saga_id, step, phase, attempt, outcome, started_at, finished_at, error, message_id)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+_REQUEST_CANCEL = """
+UPDATE {schema}.saga_instances
+SET cancel_requested = true, last_error = %s, updated_at = now(), version = version + 1
+WHERE id = %s AND status = 'running' AND NOT pivot_reached
+"""
+
+_UNFINISHED_BY_VERSION = """
+SELECT name, saga_version, count(*) FROM {schema}.saga_instances
+WHERE name = ANY(%s) AND finished_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+_VERSIONS = """
+SELECT name, saga_version,
+       count(*) FILTER (WHERE status IN ('running', 'compensating') AND waiting_for IS NULL),
+       count(*) FILTER (WHERE waiting_for IS NOT NULL),
+       count(*) FILTER (WHERE status IN ('compensation_failed', 'forward_failed')),
+       count(*) FILTER (WHERE status IN ('completed', 'compensated'))
+FROM {schema}.saga_instances GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+_MIGRATION_PLAN = """
+SELECT %(guard)s = ANY(completed_steps), count(*) FROM {schema}.saga_instances
+WHERE name = %(name)s AND saga_version = %(from)s AND status = 'running'
+GROUP BY 1
+"""
+
+_MIGRATE_BATCH = """
+WITH batch AS (
+    SELECT id FROM {schema}.saga_instances
+    WHERE name = %(name)s AND saga_version = %(from)s AND status = 'running'
+      AND NOT (%(guard)s = ANY(completed_steps))
+    ORDER BY id LIMIT %(limit)s
+    FOR UPDATE
+)
+UPDATE {schema}.saga_instances s
+SET saga_version = %(to)s, version = s.version + 1, updated_at = now()
+FROM batch WHERE s.id = batch.id
+RETURNING s.id, s.step, s.step_attempt
+"""
+
+_STATUSES = "SELECT id, status, step FROM {schema}.saga_instances WHERE id = ANY(%s)"
+
+_TIMELINE = """
+SELECT step, phase, attempt, outcome, started_at, finished_at, error, message_id
+FROM {schema}.saga_steps WHERE saga_id = %s ORDER BY id
+"""
+
+_LIST = """
+SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at
+FROM {schema}.saga_instances
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(older)s::interval IS NULL OR started_at < now() - %(older)s::interval)
+  AND (%(newer)s::interval IS NULL OR started_at >= now() - %(newer)s::interval)
+ORDER BY started_at DESC, id DESC
+LIMIT %(limit)s
+"""
+
+
+class ConcurrentUpdate(Exception):
+    """Another transaction changed the saga first; the handler is retried."""
+
+
+class SagaStore:
+    """Statements on one schema's saga tables, on the caller's connection."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._insert = render(_INSERT, schema)
+        self._by_key = render(_BY_KEY, schema)
+        self._load = render(_LOAD, schema)
+        self._update = render(_UPDATE, schema)
+        self._log = render(_LOG, schema)
+        self._timeline = render(_TIMELINE, schema)
+        self._statuses = render(_STATUSES, schema)
+        self._request_cancel = render(_REQUEST_CANCEL, schema)
+        self._unfinished_by_version = render(_UNFINISHED_BY_VERSION, schema)
+        self._versions = render(_VERSIONS, schema)
+        self._migration_plan = render(_MIGRATION_PLAN, schema)
+        self._migrate_batch = render(_MIGRATE_BATCH, schema)
+        self._list = render(_LIST, schema)
+
+    def insert(
+        self,
+        conn: psycopg.Connection[Any],
+        saga_id: UUID,
+        name: str,
+        saga_version: int,
+        service: str,
+        data: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> UUID | None:
+        """Insert a new running saga; None if one with this idempotency key exists."""
+        cur = conn.execute(
+            self._insert, (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
+        )
+        return saga_id if cur.rowcount == 1 else None
+
+    def find_by_key(self, conn: psycopg.Connection[Any], name: str, key: str) -> UUID | None:
+        row = conn.execute(self._by_key, (name, key)).fetchone()
+        return row[0] if row else None
+
+    def load(self, conn: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord | None:
+        row = conn.execute(self._load, (saga_id,), prepare=True).fetchone()
+        if row is None:
+            return None
+        return SagaRecord(
+            id=row[0],
+            name=row[1],
+            saga_version=row[2],
+            service=row[3],
+            status=SagaStatus(row[4]),
+            step=row[5],
+            data=row[6],
+            completed_steps=list(row[7]),
+            pending_message_id=row[8],
+            step_attempt=row[9],
+            cancel_requested=row[10],
+            pivot_reached=row[11],
+            last_error=row[12],
+            idempotency_key=row[13],
+            version=row[14],
+            started_at=row[15],
+            updated_at=row[16],
+            step_started_at=row[17],
+            finished_at=row[18],
+            waiting_for=row[19],
+            wait_schema=row[20],
+            wait_deadline=row[21],
+        )
+
+    def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
+        """Write ``record`` if nobody changed it since it was read; bump its version."""
+        cur = conn.execute(
+            self._update,
+            (
+                record.status.value,
+                record.step,
+                Jsonb(record.data),
+                record.completed_steps,
+                record.pending_message_id,
+                record.step_attempt,
+                record.cancel_requested,
+                record.pivot_reached,
+                record.last_error,
+                record.step_started_at,
+                record.waiting_for,
+                Jsonb(record.wait_schema) if record.wait_schema is not None else None,
+                record.wait_deadline,
+                record.status.finished or record.status.needs_operator,
+                record.id,
+                record.version,
+            ),
+            prepare=True,
+        )
+        if cur.fetchone() is None:
+            raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
+        record.version += 1
+
+    def request_cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> bool:
+        """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""
+        cur = conn.execute(self._request_cancel, (f"cancelled: {reason}", saga_id))
+        return cur.rowcount == 1
+
+    def unfinished_by_version(
+        self, conn: psycopg.Connection[Any], names: list[str]
+    ) -> list[tuple[str, int, int]]:
+        """(name, version, unfinished sagas) of the sagas called ``names``, in one query."""
+        return conn.execute(self._unfinished_by_version, (names,)).fetchall()
+
+    def versions(self, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+        """(name, version, running, waiting, needing an operator, finished) per version."""
+        return conn.execute(self._versions).fetchall()
+
+    def migration_plan(
+        self, conn: psycopg.Connection[Any], name: str, from_version: int, guard: str
+    ) -> tuple[int, int]:
+        """(would move, would stay) among running sagas of ``from_version``."""
+        rows = dict(
+            conn.execute(
+                self._migration_plan, {"name": name, "from": from_version, "guard": guard}
+            ).fetchall()
+        )
+        return int(rows.get(False, 0)), int(rows.get(True, 0))
+
+    def migrate_batch(
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        from_version: int,
+        to_version: int,
+        guard: str,
+        limit: int,
+    ) -> list[tuple[UUID, str | None, int]]:
+        """Move up to ``limit`` sagas that have not passed ``guard``; each row atomically."""
+        params = {"name": name, "from": from_version, "to": to_version, "guard": guard}
+        return conn.execute(self._migrate_batch, {**params, "limit": limit}).fetchall()
+
+    def log(self, conn: psycopg.Connection[Any], entries: Sequence[StepLogEntry]) -> None:
+        if not entries:
+            return
+        params = [
+            (
+                e.saga_id,
+                e.step,
+                e.phase.value,
+                e.attempt,
+                e.outcome,
+                e.started_at,
+                e.finished_at,
+                e.error,
+                e.message_id,
+            )
+            for e in entries
+        ]
+        with conn.cursor() as cur:
+            if len(params) == 1:  # the usual case: a plain prepared statement is cheapest
+                cur.execute(self._log, params[0], prepare=True)
+            else:
+                cur.executemany(self._log, params)
+
+    def statuses(
+        self, conn: psycopg.Connection[Any], saga_ids: Sequence[UUID]
+    ) -> dict[UUID, tuple[str, str | None]]:
+        """(status, step) of each of ``saga_ids`` found here."""
+        rows = conn.execute(self._statuses, (list(saga_ids),)).fetchall()
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+    def timeline(self, conn: psycopg.Connection[Any], saga_id: UUID) -> list[tuple[Any, ...]]:
+        return conn.execute(self._timeline, (saga_id,)).fetchall()
+
+    def list(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        older_than: timedelta | None = None,
+        newer_than: timedelta | None = None,
+        limit: int = 50,
+    ) -> list[SagaSummary]:
+        rows = conn.execute(
+            self._list,
+            {
+                "status": status,
+                "name": name,
+                "older": older_than,
+                "newer": newer_than,
+                "limit": limit,
+            },
+        ).fetchall()
+        return [SagaSummary(*row) for row in rows]

@@ -1,0 +1,127 @@
+"""What a handler knows about the delivery it handles, and how it sends messages."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from pydantic import BaseModel
+
+from saga.effects.side_effects import SideEffects
+from saga.errors import ConfigurationError
+from saga.messaging.envelope import (
+    COMPENSATES_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    STEP_HEADER,
+    Envelope,
+)
+from saga.messaging.outbox import OutgoingMessage
+from saga.observability.metrics import Metrics
+
+
+class HandlerContext:
+    """Passed to every handler as its third argument.
+
+    Messages sent with :meth:`send` are written to the outbox in the same
+    transaction as the handler's own writes, when the handler returns.
+    """
+
+    def __init__(
+        self,
+        envelope: Envelope,
+        service: str,
+        metrics: Metrics | None = None,
+        effects: SideEffects | None = None,
+    ) -> None:
+        self.envelope = envelope
+        self.service = service
+        self.metrics = metrics
+        self._effects = effects
+        self.outgoing: list[OutgoingMessage] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"HandlerContext(service={self.service!r}, type={self.envelope.type!r}, "
+            f"message_id={self.envelope.message_id})"
+        )
+
+    @property
+    def message_id(self) -> UUID:
+        return self.envelope.message_id
+
+    @property
+    def saga_id(self) -> UUID | None:
+        return self.envelope.saga_id
+
+    @property
+    def correlation_id(self) -> UUID | None:
+        return self.envelope.correlation_id
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first delivery, higher on delayed retries of the same message."""
+        return self.envelope.attempt
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key that is the same on every retry, redelivery and replay of this request.
+
+        Pass it to external APIs (payment providers) so they apply it once.
+        """
+        return self.envelope.headers.get(IDEMPOTENCY_KEY_HEADER) or str(self.envelope.message_id)
+
+    @property
+    def compensated_key(self) -> str | None:
+        """On a saga's compensation, the idempotency key of the step it undoes; else None.
+
+        A compensation must tolerate "nothing to undo": the step's command may have
+        failed, never run, or run with its answer lost. Use this key to look for what
+        the command did (``ctx.effects``, an external API's lookup by idempotency key).
+        """
+        return self.envelope.headers.get(COMPENSATES_HEADER)
+
+    @property
+    def effects(self) -> SideEffects:
+        """The guard for calls to the outside world, on this service's database::
+
+        charge = ctx.effects.run(ctx.idempotency_key, call=lambda: api.charge(...))
+        """
+        if self._effects is None:
+            raise ConfigurationError("side effects need the consumer runtime (saga consume)")
+        return self._effects
+
+    def send(
+        self,
+        message: BaseModel,
+        *,
+        to: str,
+        deliver_after: datetime | timedelta | None = None,
+        headers: dict[str, str] | None = None,
+        reply_to: str | None = None,
+    ) -> UUID:
+        """Send ``message`` to service ``to``, caused by (and correlated with) this delivery."""
+        envelope = Envelope.wrap(
+            message,
+            saga_id=self.envelope.saga_id,
+            correlation_id=self.envelope.correlation_id,
+            causation_id=self.envelope.message_id,
+            reply_to=reply_to,
+            headers=headers,
+        )
+        self.outgoing.append(OutgoingMessage(envelope, to, deliver_after))
+        return envelope.message_id
+
+    def reply(self, message: BaseModel) -> UUID | None:
+        """Send ``message`` to the sender's ``reply_to``; None when the sender asked for none.
+
+        The reply names the step (and the step a compensation undoes) of the request, so
+        a saga that has moved on still knows what a late answer is about.
+        """
+        if not self.envelope.reply_to:
+            return None
+        headers = {
+            name: value
+            for name in (STEP_HEADER, COMPENSATES_HEADER)
+            if (value := self.envelope.headers.get(name)) is not None
+        }
+        return self.send(message, to=self.envelope.reply_to, headers=headers)

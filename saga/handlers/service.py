@@ -1,0 +1,101 @@
+"""A service: a named set of handlers, one per message type, run by ``saga consume``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from pydantic import BaseModel
+
+from saga.db.sql import validate_name
+from saga.errors import ConfigurationError
+from saga.handlers.retry import RetryPolicy
+from saga.messaging.envelope import message_type_of
+
+if TYPE_CHECKING:
+    from saga.handlers.context import HandlerContext
+
+M = TypeVar("M", bound=BaseModel)
+
+#: ``handler(tx, message, ctx)``: runs inside the delivery's transaction; its
+#: return value (a message or None) is sent to the sender's ``reply_to``.
+Handler = Callable[[psycopg.Connection[Any], Any, "HandlerContext"], BaseModel | None]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One registered handler."""
+
+    message_class: type[BaseModel]
+    func: Handler
+    retry: RetryPolicy
+
+    @property
+    def name(self) -> str:
+        return getattr(self.func, "__qualname__", repr(self.func))
+
+
+class Service:
+    """Handlers for the messages sent to one destination (the service's queue).
+
+    >>> customers = Service("customers")
+    >>> @customers.handler(ReserveCredit)          # doctest: +SKIP
+    ... def reserve(tx, cmd, ctx): ...
+    """
+
+    def __init__(self, name: str, *, retry: RetryPolicy | None = None) -> None:
+        self.name = validate_name(name, "service name")
+        self.retry = retry or RetryPolicy()
+        self._handlers: dict[str, HandlerSpec] = {}
+        self.connect_hooks: list[Callable[[psycopg.Connection[Any]], None]] = []
+
+    def __repr__(self) -> str:
+        return f"Service({self.name!r}, handlers={sorted(self._handlers)})"
+
+    def handler(
+        self, message_class: type[M], *, retry: RetryPolicy | None = None
+    ) -> Callable[[F], F]:
+        """Decorator: register ``func`` as the handler of ``message_class``."""
+
+        def register(func: F) -> F:
+            self.add_handler(message_class, func, retry=retry)
+            return func
+
+        return register
+
+    def add_handler(
+        self,
+        message_class: type[BaseModel],
+        func: Handler,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if not (isinstance(message_class, type) and issubclass(message_class, BaseModel)):
+            raise ConfigurationError(
+                f"handler message class must be a pydantic model, got {message_class!r}"
+            )
+        type_name = message_type_of(message_class)
+        if type_name in self._handlers:
+            existing = self._handlers[type_name]
+            raise ConfigurationError(
+                f"service {self.name!r} already has a handler for {type_name!r} ({existing.name})"
+            )
+        self._handlers[type_name] = HandlerSpec(message_class, func, retry or self.retry)
+
+    def on_connect(self, hook: Callable[[psycopg.Connection[Any]], None]) -> None:
+        """Run ``hook(conn)`` (in a transaction) when a worker connects, before consuming.
+
+        A hook that raises :class:`~saga.errors.ConfigurationError` stops the service.
+        """
+        self.connect_hooks.append(hook)
+
+    def handler_for(self, type_name: str) -> HandlerSpec | None:
+        return self._handlers.get(type_name)
+
+    @property
+    def message_types(self) -> list[str]:
+        return sorted(self._handlers)

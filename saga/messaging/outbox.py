@@ -1,0 +1,235 @@
+"""The outbox writer: messages written in the caller's own transaction.
+
+``Outbox.add`` inserts one row on the connection it is given and never
+commits; the message leaves only if the caller's transaction commits. The
+relay (``saga relay``) later publishes the row and deletes it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, overload
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel
+
+from saga.db.sql import render, validate_name, validate_schema
+from saga.errors import MessageTooLarge
+from saga.messaging.envelope import Envelope
+
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
+
+_INSERT = """
+INSERT INTO {schema}.outbox
+    (message_id, destination, message_type, saga_id, body, deliver_after)
+VALUES (%s, %s, %s, %s, %s, COALESCE(%s::timestamptz, now() + %s::interval))
+RETURNING id
+"""
+
+_WAKE = "SELECT pg_notify(%s, '')"
+
+Delay = datetime | timedelta | None
+
+_collected: ContextVar[list[int] | None] = ContextVar("saga_outbox_collected", default=None)
+
+
+@contextmanager
+def collect_written() -> Iterator[list[int]]:
+    """Gather the ids of the outbox rows written in this context (thread or task).
+
+    A consumer publishes those rows itself right after its transaction commits,
+    so writes made while collecting do not wake the relays (they stay the safety
+    net, polling). Ids of rows whose savepoint rolled back are gathered too; they
+    simply never turn up.
+    """
+    ids: list[int] = []
+    token = _collected.set(ids)
+    try:
+        yield ids
+    finally:
+        _collected.reset(token)
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One envelope bound for one destination, ready to be inserted."""
+
+    envelope: Envelope
+    destination: str
+    deliver_after: Delay = None
+
+
+def wake_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel on which relays of ``schema`` wait."""
+    return f"{validate_schema(schema)}_outbox"
+
+
+class Outbox:
+    """Writes messages into the outbox table of one schema.
+
+    ``max_message_bytes`` caps the serialized envelope; a larger message
+    raises :class:`~saga.errors.MessageTooLarge` before anything is written.
+    ``wake_interval`` debounces the wake-up hint sent to relays: at most one
+    ``NOTIFY`` per interval from this object, so busy writers do not
+    serialize on the notification lock; relays also poll.
+    """
+
+    def __init__(
+        self,
+        schema: str = "saga",
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        wake_interval: float = 0.1,
+    ) -> None:
+        self.schema = validate_schema(schema)
+        if max_message_bytes <= 0:
+            raise ValueError("max_message_bytes must be positive")
+        self.max_message_bytes = max_message_bytes
+        self.wake_interval = wake_interval
+        self._insert = render(_INSERT, self.schema)
+        self._channel = wake_channel(self.schema)
+        self._last_wake = 0.0
+        self._wake_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Outbox(schema={self.schema!r}, max_message_bytes={self.max_message_bytes})"
+
+    def envelope(
+        self,
+        message: BaseModel,
+        *,
+        saga_id: UUID | None = None,
+        correlation_id: UUID | None = None,
+        causation_id: UUID | None = None,
+        reply_to: str | None = None,
+        headers: dict[str, str] | None = None,
+        message_id: UUID | None = None,
+    ) -> Envelope:
+        """Wrap ``message`` in a new envelope (its ``message_id`` is fixed here)."""
+        return Envelope.wrap(
+            message,
+            message_id=message_id,
+            saga_id=saga_id,
+            correlation_id=correlation_id,
+            causation_id=causation_id,
+            reply_to=reply_to,
+            headers=headers,
+        )
+
+    @overload
+    def add(
+        self,
+        conn: psycopg.Connection[Any],
+        message: BaseModel | Envelope,
+        *,
+        destination: str,
+        deliver_after: Delay = None,
+        **envelope_fields: Any,
+    ) -> UUID: ...
+
+    @overload
+    def add(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        message: BaseModel | Envelope,
+        *,
+        destination: str,
+        deliver_after: Delay = None,
+        **envelope_fields: Any,
+    ) -> Awaitable[UUID]: ...
+
+    def add(
+        self,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        message: BaseModel | Envelope,
+        *,
+        destination: str,
+        deliver_after: Delay = None,
+        **envelope_fields: Any,
+    ) -> UUID | Awaitable[UUID]:
+        """Insert ``message`` for ``destination`` in the caller's transaction.
+
+        ``message`` is a pydantic model (wrapped in a new envelope, see
+        :meth:`envelope` for the keyword fields) or a ready envelope.
+        ``deliver_after`` (a datetime, or a delay from the transaction's
+        start) holds the message back until then. Returns the message id.
+        With an :class:`psycopg.AsyncConnection`, returns an awaitable.
+        """
+        envelope = (
+            message if isinstance(message, Envelope) else self.envelope(message, **envelope_fields)
+        )
+        outgoing = [OutgoingMessage(envelope, destination, deliver_after)]
+        if isinstance(conn, psycopg.AsyncConnection):
+            return self._add_async(conn, outgoing)
+        self.add_many(conn, outgoing)
+        return envelope.message_id
+
+    def add_many(
+        self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]
+    ) -> list[int]:
+        """Insert several messages in one round trip (same rules as :meth:`add`).
+
+        Returns the outbox row ids (see :func:`collect_written`).
+        """
+        if not messages:
+            return []
+        params = [self._params(m) for m in messages]
+        ids: list[int] = []
+        with conn.cursor() as cur:
+            if len(params) == 1:
+                cur.execute(self._insert, params[0], prepare=True)
+                ids.extend(row[0] for row in cur.fetchall())
+            else:
+                cur.executemany(self._insert, params, returning=True)
+                while True:
+                    ids.extend(row[0] for row in cur.fetchall())
+                    if not cur.nextset():
+                        break
+            collector = _collected.get()
+            if collector is not None:
+                collector.extend(ids)
+            elif self._should_wake():
+                cur.execute(_WAKE, (self._channel,))
+        return ids
+
+    async def _add_async(
+        self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]
+    ) -> UUID:
+        params = [self._params(m) for m in messages]
+        async with conn.cursor() as cur:
+            await cur.executemany(self._insert, params)
+            if self._should_wake():
+                await cur.execute(_WAKE, (self._channel,))
+        return messages[0].envelope.message_id
+
+    def _params(self, message: OutgoingMessage) -> tuple[Any, ...]:
+        destination = validate_name(message.destination, "destination")
+        body = message.envelope.to_bytes()
+        if len(body) > self.max_message_bytes:
+            raise MessageTooLarge(len(body), self.max_message_bytes, message.envelope.type)
+        at = message.deliver_after if isinstance(message.deliver_after, datetime) else None
+        delay = message.deliver_after if isinstance(message.deliver_after, timedelta) else None
+        return (
+            message.envelope.message_id,
+            destination,
+            message.envelope.type,
+            message.envelope.saga_id,
+            body,
+            at,
+            delay,
+        )
+
+    def _should_wake(self) -> bool:
+        now = time.monotonic()
+        with self._wake_lock:
+            if now - self._last_wake < self.wake_interval:
+                return False
+            self._last_wake = now
+            return True

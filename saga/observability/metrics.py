@@ -1,0 +1,160 @@
+"""Prometheus metrics for relays and consumers (``--metrics-port``).
+
+Counters and histograms are updated as work happens; the table-derived
+gauges (outbox depth and age, pending dead letters, unfinished sagas) are read
+from the database at each scrape, so they always match it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from saga.db.sql import render
+
+logger = logging.getLogger(__name__)
+
+_OUTBOX = """
+SELECT count(*) FILTER (WHERE deliver_after IS NULL),
+       count(*) FILTER (WHERE deliver_after IS NOT NULL),
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE deliver_after IS NULL)), 0)
+FROM {schema}.outbox
+"""
+_DEAD_LETTERS = """
+SELECT consumer, reason, count(*) FROM {schema}.dead_letters WHERE status = 'pending' GROUP BY 1, 2
+"""
+_UNFINISHED = """
+SELECT name, status, count(*) FROM {schema}.saga_instances
+WHERE finished_at IS NULL GROUP BY 1, 2
+"""
+
+HANDLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03,
+    0.04, 0.05, 0.065, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    """The metrics of one process, in a registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.published = Counter("saga_relay_published", "Outbox rows published.", registry=r)
+        self.publish_failures = Counter(
+            "saga_relay_publish_failures", "Outbox rows whose publish failed.", registry=r
+        )
+        self.handled = Counter(
+            "saga_messages_handled", "Deliveries by outcome.", ["consumer", "outcome"], registry=r
+        )
+        self.handle_seconds = Histogram(
+            "saga_handle_seconds",
+            "Time to handle one delivery (excluding the batch commit).",
+            ["consumer"],
+            buckets=HANDLE_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "saga_consumer_batch_size",
+            "Deliveries committed together in one consumer transaction.",
+            ["consumer"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.delivery_latency = Histogram(
+            "saga_delivery_latency_seconds",
+            "From the commit of a message's outbox row (stamped by a consumer that published "
+            "it right after committing; else the message's creation) to the commit of the "
+            "transaction that handled it.",
+            ["consumer"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "saga_retries",
+            "Handler retries (immediate or delayed).",
+            ["consumer", "kind"],
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "saga_dead_lettered", "Messages dead-lettered.", ["consumer", "reason"], registry=r
+        )
+        self.saga_outcomes = Counter(
+            "saga_outcomes", "Sagas reaching an outcome.", ["saga", "status"], registry=r
+        )
+
+    def watch_database(self, database_url: str, schema: str) -> None:
+        """Also report outbox, dead-letter and saga gauges read from this database."""
+        self.registry.register(DatabaseCollector(database_url, schema))
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=address, registry=self.registry)
+        logger.info("metrics on http://%s:%d/metrics", address, port)
+
+
+class DatabaseCollector(Collector):
+    """Gauges computed from the service database at scrape time."""
+
+    def __init__(self, database_url: str, schema: str) -> None:
+        self.database_url = database_url
+        self.outbox_query = render(_OUTBOX, schema)
+        self.dead_letters_query = render(_DEAD_LETTERS, schema)
+        self.unfinished_query = render(_UNFINISHED, schema)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily(
+            "saga_metrics_database_up", "1 if the last scrape read the database."
+        )
+        try:
+            families = self._read()
+        except psycopg.Error as exc:
+            logger.warning("metrics could not read the database: %s", type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _read(self) -> list[GaugeMetricFamily]:
+        with psycopg.connect(self.database_url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SET statement_timeout = '5s'")
+            ready, scheduled, oldest = _one(conn, self.outbox_query)
+            letters = conn.execute(self.dead_letters_query).fetchall()
+            unfinished = conn.execute(self.unfinished_query).fetchall()
+        depth = GaugeMetricFamily("saga_outbox_depth", "Outbox rows ready to publish.")
+        depth.add_metric([], ready)
+        held = GaugeMetricFamily("saga_outbox_scheduled", "Outbox rows waiting for their time.")
+        held.add_metric([], scheduled)
+        age = GaugeMetricFamily(
+            "saga_outbox_oldest_age_seconds", "Age of the oldest ready outbox row."
+        )
+        age.add_metric([], float(oldest))
+        pending = GaugeMetricFamily(
+            "saga_dead_letters_pending",
+            "Dead letters awaiting an operator.",
+            labels=["consumer", "reason"],
+        )
+        for consumer, reason, count in letters:
+            pending.add_metric([consumer, reason], count)
+        running = GaugeMetricFamily(
+            "saga_unfinished", "Sagas not finished, by name and status.", labels=["saga", "status"]
+        )
+        for name, status, count in unfinished:
+            running.add_metric([name, status], count)
+        return [depth, held, age, pending, running]
+
+
+def _one(conn: psycopg.Connection[Any], query: str) -> tuple[Any, ...]:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return tuple(row)
