@@ -25,14 +25,20 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from consumers.decoding import Decoded, Rejection, decode
+from consumers.decoding import Decoded, decode
 from consumers.inbox import Inbox
 from saga.effects.side_effects import SideEffects
-from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
+from saga.errors import (
+    BatchConflict,
+    ConfigurationError,
+    MessageTooLarge,
+    Rejection,
+    SignatureRejected,
+    StepFailed,
+)
 from saga.faults import fault_point
 from saga.handlers.closed_steps import ClosedSteps
 from saga.handlers.context import HandlerContext
-from saga.handlers.retry import BatchConflict
 from saga.handlers.service import Service
 from saga.messaging.control import DEAD_LETTERED, STEP_CLOSED, Ack, FailureReply
 from saga.messaging.dead_letters import DeadLetter, DeadLetterStore
@@ -42,7 +48,7 @@ from saga.messaging.envelope import (
     STEP_HEADER,
 )
 from saga.messaging.outbox import Outbox, OutgoingMessage
-from saga.messaging.signing import KeyRing, SignatureRejected
+from saga.messaging.signing import KeyRing
 from saga.observability import tracing
 from saga.observability.logs import log_context
 from saga.observability.metrics import Metrics

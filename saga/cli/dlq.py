@@ -21,11 +21,11 @@ from saga.cli.common import (
 )
 from saga.cli.durations import parse_duration
 from saga.engine.store import SagaStore
-from saga.errors import SagaError
+from saga.errors import DeadLetterNotFound, NotReplayable
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
 from saga.messaging.envelope import Envelope
 from saga.observability.redaction import mask
-from saga.operations.replay import NotReplayable, outgoing_for, purge, replay, superseded
+from saga.operations.replay import outgoing_for, purge, replay, superseded
 from saga.settings import Settings
 
 app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
@@ -45,10 +45,6 @@ HomeDatabaseUrlOption = Annotated[
         show_default=False,
     ),
 ]
-
-
-class DeadLetterNotFound(SagaError):
-    pass
 
 
 def _iso(value: datetime | None) -> str | None:

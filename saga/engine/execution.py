@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -26,6 +26,7 @@ from saga.engine.definition import (
     Step,
     WaitStep,
 )
+from saga.engine.home import SagaHome
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.errors import (
     ConfigurationError,
@@ -55,9 +56,6 @@ from saga.messaging.ids import uuid7
 from saga.messaging.outbox import OutgoingMessage
 from saga.observability.metrics import Metrics
 
-if TYPE_CHECKING:
-    from saga.engine.orchestrator import Orchestrator
-
 logger = logging.getLogger(__name__)
 
 
@@ -76,14 +74,14 @@ class SagaRun:
 
     def __init__(
         self,
-        orchestrator: Orchestrator,
+        home: SagaHome,
         tx: psycopg.Connection[Any],
         saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
         metrics: Metrics | None = None,
     ) -> None:
-        self.o = orchestrator
+        self.home = home
         self.metrics = metrics
         self.initial_status = record.status
         self.tx = tx
@@ -189,7 +187,7 @@ class SagaRun:
         timeout = self._envelope(
             WaitTimeout(saga_id=record.id, step=step.name), headers={STEP_HEADER: step.name}
         )
-        self.outgoing.append(OutgoingMessage(timeout, self.o.registry.service_name, step.timeout))
+        self.outgoing.append(OutgoingMessage(timeout, self.home.service_name, step.timeout))
         record.pending_message_id = timeout.message_id
         record.wait_deadline = record.step_started_at + step.timeout
 
@@ -361,7 +359,7 @@ class SagaRun:
         assert isinstance(step, RemoteStep)
         envelope = self._envelope(
             step.command(self.data),
-            reply_to=self.o.registry.service_name,
+            reply_to=self.home.service_name,
             headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: self._step_key(step)},
             message_id=message_id,
         )
@@ -374,9 +372,7 @@ class SagaRun:
                 saga_id=self.record.id, step=step.name, awaited=awaited, attempt=attempt
             )
             envelope = self._envelope(timer, headers={STEP_HEADER: step.name})
-            self.outgoing.append(
-                OutgoingMessage(envelope, self.o.registry.service_name, step.deadline)
-            )
+            self.outgoing.append(OutgoingMessage(envelope, self.home.service_name, step.deadline))
 
     def _send_compensation(
         self, step: RemoteStep, attempt: int, message_id: UUID | None = None
@@ -390,7 +386,7 @@ class SagaRun:
         forward_key = self._step_key(step)
         return self._envelope(
             step.compensation(self.data),
-            reply_to=self.o.registry.service_name,
+            reply_to=self.home.service_name,
             headers={
                 STEP_HEADER: step.name,
                 IDEMPOTENCY_KEY_HEADER: f"{forward_key}:compensation",
@@ -456,7 +452,7 @@ class SagaRun:
             saga_id=self.record.id, step=step.name, phase=phase.value, attempt=attempt + 1
         )
         envelope = self._envelope(timer, headers={STEP_HEADER: step.name})
-        self.outgoing.append(OutgoingMessage(envelope, self.o.registry.service_name, delay))
+        self.outgoing.append(OutgoingMessage(envelope, self.home.service_name, delay))
         self.record.step = step.name
         self.record.pending_message_id = envelope.message_id
         logger.warning(
@@ -487,14 +483,14 @@ class SagaRun:
         )
         self.dead_letters.append(
             DeadLetter(
-                consumer=self.o.registry.service_name,
+                consumer=self.home.service_name,
                 reason="failed",
                 body=body.to_bytes(),
                 content_type="application/json",
                 message_id=body.message_id,
                 message_type=body.type,
                 saga_id=record.id,
-                destination=self.o.registry.service_name,
+                destination=self.home.service_name,
                 error_type=error_type,
                 error_message=f"saga {record.name} {record.id}: {reason} "
                 f"(after {record.step_attempt} attempts; `saga resume {record.id}` once fixed)",
@@ -591,11 +587,7 @@ class SagaRun:
         self.saga.check_data_size(self.data)
         self.record.data = self.data.model_dump(mode="json")
         self.record.pivot_reached = self._pivot_reached()
-        self.o.store.save(self.tx, self.record)
-        self.o.store.log(self.tx, self.log)
-        self.o.registry.outbox.add_many(self.tx, self.outgoing)
-        for letter in self.dead_letters:
-            self.o.dead_letters.add(self.tx, letter)
+        self.home.persist(self.tx, self.record, self.log, self.outgoing, self.dead_letters)
         status = self.record.status
         changed = status != self.initial_status
         if self.metrics is not None and changed and (status.finished or status.needs_operator):

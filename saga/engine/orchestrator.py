@@ -10,7 +10,8 @@ optimistic ``WHERE version = n``. A lost race raises
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga.engine.definition import Saga
 from saga.engine.execution import SagaRun, now
+from saga.engine.home import SagaHome
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.engine.store import SagaStore
 from saga.errors import (
@@ -34,25 +36,25 @@ from saga.messaging.control import (
     StepTimer,
     WaitTimeout,
 )
-from saga.messaging.dead_letters import DeadLetterStore
 from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
 from saga.messaging.ids import uuid7
 from saga.observability import tracing
 from saga.observability.metrics import Metrics
 
-if TYPE_CHECKING:
-    from saga.engine.registry import SagaRegistry
-
 logger = logging.getLogger(__name__)
+
+
+#: Looks a saga definition up by name and version (the latest when version is None).
+Definitions = Callable[[str, int | None], Saga[Any]]
 
 
 class Orchestrator:
     """Runs the sagas of one registry against its home database."""
 
-    def __init__(self, registry: SagaRegistry) -> None:
-        self.registry = registry
-        self.store = SagaStore(registry.schema)
-        self.dead_letters = DeadLetterStore(registry.schema)
+    def __init__(self, home: SagaHome, definitions: Definitions) -> None:
+        self.home = home
+        self.definitions = definitions
+        self.store = home.store
 
     # -- entry points --------------------------------------------------------
 
@@ -74,7 +76,7 @@ class Orchestrator:
             saga_id,
             saga.name,
             saga.version,
-            self.registry.service_name,
+            self.home.service_name,
             data.model_dump(mode="json"),
             idempotency_key,
         )
@@ -87,7 +89,7 @@ class Orchestrator:
         record = self.store.load(tx, saga_id)
         assert record is not None
         with tracing.span(f"saga {saga.name} start", attributes={"saga.id": saga_id}):
-            run = SagaRun(self, tx, saga, record, cause=None)
+            run = SagaRun(self.home, tx, saga, record, cause=None)
             run.advance(0)
             run.commit()
         return saga_id
@@ -286,8 +288,8 @@ class Orchestrator:
         metrics: Metrics | None,
     ) -> SagaRun:
         """A run of ``record`` under the definition of its name and version."""
-        saga = self.registry.definition(record.name, record.saga_version)
-        return SagaRun(self, tx, saga, record, cause=cause, metrics=metrics)
+        saga = self.definitions(record.name, record.saga_version)
+        return SagaRun(self.home, tx, saga, record, cause=cause, metrics=metrics)
 
 
 def request_cancel(

@@ -16,9 +16,9 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from saga.db.sql import validate_name, validate_schema
 from saga.engine import signals
 from saga.engine.definition import RemoteStep, Saga, WaitStep
+from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
 from saga.engine.state import Phase, StepLogEntry
 from saga.errors import ConfigurationError, SignalRejected
@@ -64,11 +64,12 @@ class SagaRegistry:
         retry: RetryPolicy | None = None,
         outbox: Outbox | None = None,
     ) -> None:
-        self.service_name = validate_name(service, "service name")
-        self.schema = validate_schema(schema)
+        self.home = SagaHome(service, schema, outbox)
+        self.service_name = self.home.service_name
+        self.schema = self.home.schema
         self.routes = dict(routes or {})
         self.retry = retry or RetryPolicy()
-        self.outbox = outbox or Outbox(self.schema)
+        self.outbox = self.home.outbox
         self._sagas: dict[str, dict[int, Saga[Any]]] = {}
         self._internal: dict[type[BaseModel], Handler] = {
             StepTimer: self._on_timer,
@@ -79,7 +80,7 @@ class SagaRegistry:
         }
         built_in: list[type[BaseModel]] = [Ack, FailureReply, *self._internal]
         self._reply_types: dict[str, type[BaseModel]] = {message_type_of(m): m for m in built_in}
-        self.orchestrator: Orchestrator = Orchestrator(self)
+        self.orchestrator: Orchestrator = Orchestrator(self.home, self.definition)
         self._service: Service | None = None
 
     def __repr__(self) -> str:

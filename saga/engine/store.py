@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from saga.db.sql import render
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
+from saga.errors import ConcurrentUpdate
 
 _COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
@@ -103,10 +104,6 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY started_at DESC, id DESC
 LIMIT %(limit)s
 """
-
-
-class ConcurrentUpdate(Exception):
-    """Another transaction changed the saga first; the handler is retried."""
 
 
 class SagaStore:

@@ -21,7 +21,7 @@ import psycopg
 
 from saga.db.sql import render
 from saga.engine.store import SagaStore
-from saga.errors import SagaError, UnknownSaga
+from saga.errors import NotResumable, UnknownSaga
 from saga.messaging.control import ResumeSaga
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterStore
 from saga.messaging.outbox import Outbox
@@ -41,10 +41,6 @@ LIMIT %(limit)s
 
 #: Resumes written per transaction by :meth:`SagaResumer.resume_stuck`.
 BATCH = 200
-
-
-class NotResumable(SagaError):
-    """The saga is finished, or still making progress."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, Outbox, Saga, SagaRegistry, Service, StepRetry
-from saga.effects.claimcheck import ClaimCheck, ClaimNotFound
-from saga.errors import ConfigurationError, SagaDataTooLarge, SignalRejected
+from saga.effects.claimcheck import ClaimCheck
+from saga.errors import ClaimNotFound, ConfigurationError, SagaDataTooLarge, SignalRejected
 from saga.messaging.control import Signal
 from saga.operations.retention import Pruner
 from tests.support import loans
