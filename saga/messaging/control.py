@@ -1,4 +1,4 @@
-"""Framework control messages between services: replies, retry timers, deadlines, signals, resumes."""
+"""Control messages between services: replies, retry timers, deadlines, signals, resumes."""
 
 from __future__ import annotations
 
