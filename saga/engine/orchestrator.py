@@ -11,23 +11,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from saga.engine.definition import Saga
-from saga.engine.execution import SagaRun, now
+from saga.engine.definition import LocalAction, Saga
 from saga.engine.home import SagaHome
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.engine.store import SagaStore
+from saga.engine.transitions import LocalOutcome, Transition
 from saga.errors import (
     ConfigurationError,
     NotCancellable,
     StaleReply,
+    StepFailed,
     UnknownSaga,
 )
+from saga.faults import fault_point
 from saga.messaging.control import (
     FailureReply,
     ResumeSaga,
@@ -89,9 +92,9 @@ class Orchestrator:
         record = self.store.load(tx, saga_id)
         assert record is not None
         with tracing.span(f"saga {saga.name} start", attributes={"saga.id": saga_id}):
-            run = SagaRun(self.home, tx, saga, record, cause=None)
+            run = self._transition(tx, saga, record, cause=None)
             run.advance(0)
-            run.commit()
+            self._apply(tx, run, None)
         return saga_id
 
     def on_reply(
@@ -105,12 +108,12 @@ class Orchestrator:
         if record.pending_message_id is None or record.pending_message_id != envelope.causation_id:
             self._late_reply(tx, record, reply, envelope, metrics)
             return
-        run = self._run(tx, record, envelope, metrics)
+        run = self._transition(tx, self._definition(record), record, envelope)
         if isinstance(reply, FailureReply):
             run.on_failure(reply)
         else:
             run.on_success(reply)
-        run.commit()
+        self._apply(tx, run, metrics)
 
     def on_timer(
         self,
@@ -120,15 +123,15 @@ class Orchestrator:
         metrics: Metrics | None = None,
     ) -> None:
         record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope)
-        run = self._run(tx, record, envelope, metrics)
+        run = self._transition(tx, self._definition(record), record, envelope)
         run.on_timer(timer)
-        run.commit()
+        self._apply(tx, run, metrics)
 
     def on_signal(
         self, tx: psycopg.Connection[Any], signal: Signal, metrics: Metrics | None = None
     ) -> None:
         record = self._load(tx, signal.saga_id)
-        run = self._run(tx, record, None, metrics)
+        run = self._transition(tx, self._definition(record), record, None)
         try:
             refused = run.on_signal(signal)
         except ValidationError as exc:
@@ -136,7 +139,7 @@ class Orchestrator:
         if refused:
             self._ignored(tx, record, f"signal {signal.event}", refused)
         else:
-            run.commit()
+            self._apply(tx, run, metrics)
 
     def on_wait_timeout(
         self,
@@ -150,9 +153,9 @@ class Orchestrator:
             # A signal (or an operator) got there first: the timeout loses, and says so.
             self._ignored(tx, record, timeout.step, "timeout lost the race: the saga moved on")
             return
-        run = self._run(tx, record, envelope, metrics)
+        run = self._transition(tx, self._definition(record), record, envelope)
         run.on_wait_timeout()
-        run.commit()
+        self._apply(tx, run, metrics)
 
     def on_deadline(
         self,
@@ -165,9 +168,9 @@ class Orchestrator:
         if record.pending_message_id != deadline.awaited or record.status is not SagaStatus.RUNNING:
             logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
             return
-        run = self._run(tx, record, envelope, metrics)
+        run = self._transition(tx, self._definition(record), record, envelope)
         run.on_deadline(deadline)
-        run.commit()
+        self._apply(tx, run, metrics)
 
     def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
         request_cancel(self.store, tx, saga_id, reason)
@@ -178,7 +181,7 @@ class Orchestrator:
         record = self.store.load(tx, request.saga_id)
         if record is None:
             raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
-        run = self._run(tx, record, None, metrics)
+        run = self._transition(tx, self._definition(record), record, None)
         if run.resume():
             logger.warning(
                 "saga %s resumed at step %s (%s): %s",
@@ -188,7 +191,7 @@ class Orchestrator:
                 request.reason,
                 extra={"saga_id": str(record.id), "step": record.step},
             )
-            run.commit()
+            self._apply(tx, run, metrics)
         else:
             logger.warning(
                 "saga %s is %s with nothing pending; resume ignored",
@@ -244,9 +247,9 @@ class Orchestrator:
         step = envelope.headers.get(STEP_HEADER) or "(reply)"
         is_compensation = COMPENSATES_HEADER in envelope.headers
         if not isinstance(reply, FailureReply) and not is_compensation:
-            run = self._run(tx, record, envelope, metrics)
+            run = self._transition(tx, self._definition(record), record, envelope)
             if run.undo_late_success(step, reply):
-                run.commit()
+                self._apply(tx, run, metrics)
                 return
         what = f"{envelope.type} {envelope.message_id}"
         if isinstance(reply, FailureReply):
@@ -280,16 +283,61 @@ class Orchestrator:
             )
         return record
 
-    def _run(
+    def _definition(self, record: SagaRecord) -> Saga[Any]:
+        """The definition ``record`` runs under (its name and version)."""
+        return self.definitions(record.name, record.saga_version)
+
+    def _transition(
         self,
         tx: psycopg.Connection[Any],
+        saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
-        metrics: Metrics | None,
-    ) -> SagaRun:
-        """A run of ``record`` under the definition of its name and version."""
-        saga = self.definitions(record.name, record.saga_version)
-        return SagaRun(self.home, tx, saga, record, cause=cause, metrics=metrics)
+    ) -> Transition:
+        """A transition of ``record`` now, whose local steps run in savepoints of ``tx``."""
+        return Transition(
+            saga,
+            record,
+            cause=cause,
+            at=now(),
+            home_service=self.home.service_name,
+            local_steps=SavepointSteps(tx),
+        )
+
+    def _apply(
+        self, tx: psycopg.Connection[Any], transition: Transition, metrics: Metrics | None
+    ) -> None:
+        """Write what ``transition`` decided, in ``tx``; count the sagas it ended."""
+        result = transition.result()
+        self.home.persist(tx, result.record, result.log, result.outgoing, result.dead_letters)
+        if metrics is not None and result.ended is not None:
+            metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SavepointSteps:
+    """Runs local steps on the orchestrator's transaction, each in its own savepoint."""
+
+    def __init__(self, tx: psycopg.Connection[Any]) -> None:
+        self.tx = tx
+
+    def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
+        started = now()
+        try:
+            with self.tx.transaction():
+                if compensation:
+                    fault_point("orchestrator.in_compensation")
+                result = action(self.tx, data)
+        except StepFailed as failure:
+            return LocalOutcome(None, failure, started, now())
+        except Exception as exc:
+            if not compensation:
+                raise
+            return LocalOutcome(None, exc, started, now())
+        return LocalOutcome(result, None, started, now())
 
 
 def request_cancel(
