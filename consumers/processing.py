@@ -46,6 +46,7 @@ from saga.messaging.envelope import (
     ATTEMPT_HEADER,
     COMMITTED_AT_HEADER,
     STEP_HEADER,
+    Envelope,
 )
 from saga.messaging.outbox import Outbox, OutgoingMessage
 from saga.messaging.signing import KeyRing
@@ -236,10 +237,7 @@ class BatchProcessor:
                 tracing.span(
                     f"{self.service.name} handle {envelope.type}",
                     headers=envelope.headers,
-                    attributes={
-                        "messaging.message.id": envelope.message_id,
-                        "saga.id": envelope.saga_id,
-                    },
+                    attributes=_span_attributes(envelope, self.service.name),
                 ),
             ):
                 outcome = self._run(conn, delivery, decoded)
@@ -524,4 +522,18 @@ def _log_extra(decoded: Decoded, consumer: str) -> dict[str, str | None]:
         "consumer": consumer,
         "message_id": str(envelope.message_id),
         "saga_id": str(envelope.saga_id) if envelope.saga_id else None,
+    }
+
+
+def _span_attributes(envelope: Envelope, consumer: str) -> dict[str, object]:
+    """What a handler's span says about the delivery (names: saga.observability.tracing)."""
+    return {
+        tracing.SAGA_ID: envelope.saga_id,
+        tracing.SAGA_STEP: envelope.headers.get(STEP_HEADER),
+        tracing.MESSAGE_ID: envelope.message_id,
+        tracing.MESSAGE_TYPE: envelope.type,
+        tracing.CONVERSATION_ID: envelope.correlation_id,
+        tracing.DESTINATION: consumer,  # messages are sent to a service by its name
+        tracing.CONSUMER_GROUP: consumer,
+        tracing.OPERATION_TYPE: "process",
     }

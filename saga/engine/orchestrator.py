@@ -91,7 +91,8 @@ class Orchestrator:
             return existing
         record = self.store.load(tx, saga_id)
         assert record is not None
-        with tracing.span(f"saga {saga.name} start", attributes={"saga.id": saga_id}):
+        attributes = {tracing.SAGA_ID: saga_id, tracing.SAGA_NAME: saga.name}
+        with tracing.span(f"saga {saga.name} start", attributes=attributes):
             run = self._transition(tx, saga, record, cause=None)
             run.advance(0)
             self._apply(tx, run, None)
