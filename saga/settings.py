@@ -16,7 +16,7 @@ from saga.errors import ConfigurationError
 from saga.identifiers import validate_schema
 from saga.redact import password_of, redact_url
 from saga.signing import KeyRing
-from saga.transport import DEFAULT_HEARTBEAT
+from saga.transport import DEFAULT_HEARTBEAT, DEFAULT_VISIBILITY_TIMEOUT
 
 ENV_DATABASE_URL = "SAGA_DATABASE_URL"
 ENV_BROKER_URL = "SAGA_BROKER_URL"
@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     broker_heartbeat: int = DEFAULT_HEARTBEAT
     #: Run on a Redis broker that loses messages when it restarts (refused otherwise).
     accept_redis_message_loss: bool = False
+    #: Redis: seconds before a message taken by a consumer that died is delivered again.
+    redis_visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     side_effect_lease: float = DEFAULT_LEASE.total_seconds()
     signing_keys: SecretStr | None = None
     require_signature: bool = False

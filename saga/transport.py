@@ -53,6 +53,8 @@ class Topology:
 
 #: Seconds between AMQP heartbeats unless configured.
 DEFAULT_HEARTBEAT = 20
+#: Redis: seconds before a message taken by a consumer that died is delivered again.
+DEFAULT_VISIBILITY_TIMEOUT = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,7 @@ class BrokerConfig:
     heartbeat: int = DEFAULT_HEARTBEAT
     connect_timeout: float = 10.0
     #: Redis: seconds before an unacknowledged message (its consumer died) is redelivered.
-    visibility_timeout: int = 300
+    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     #: Virtual transports that poll (memory, SQLAlchemy): seconds between polls of an empty queue.
     polling_interval: float = 0.01
     #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
