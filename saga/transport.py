@@ -101,6 +101,10 @@ class BrokerConfig:
         transport: str | None = None
         if self.is_redis:
             options["visibility_timeout"] = self.visibility_timeout
+            # The lock around a sweep that brings back a dead consumer's messages: a
+            # process killed, or a persistent Redis crashed, while one holds it keeps it
+            # (kombu: 300 s). Never longer than the visibility timeout itself.
+            options["unacked_mutex_expire"] = self.visibility_timeout
             # kombu's Redis transport, made to keep a delivery through a Redis restart.
             transport = "saga.redis_transport:Transport"
         connection = Connection(
