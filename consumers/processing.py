@@ -5,8 +5,11 @@ statement: a message whose row was already there was processed before and is
 skipped. Then per delivery, inside a savepoint: run the handler on the open
 transaction and write the messages it sends to the outbox. A failing handler
 rolls back only its own savepoint; a message that ends up retried later or
-dead-lettered gets its inbox row removed again. The caller commits once for the
-whole batch, then acknowledges.
+dead-lettered gets its inbox row removed again. The replies sent for the batch's
+handled messages are kept with their inbox rows (one statement, when there are
+any); a duplicate is answered again with the replies kept for it (one statement,
+when there are duplicates), so a saga whose reply a broker lost gets it when the
+saga is resumed. The caller commits once for the whole batch, then acknowledges.
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ class BatchProcessor:
         self.signing = signing
         self.effects = effects
         self._created: list[float] = []
+        #: (handled message id, reply) of the batch, kept with the inbox before it commits
+        self._replies: list[tuple[UUID, OutgoingMessage]] = []
         self._in_batch = False
         self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
@@ -128,6 +133,7 @@ class BatchProcessor:
         several: the caller then handles the deliveries one per transaction.
         """
         self._created = []
+        self._replies = []
         self._in_batch = len(deliveries) > 1
         checked = [self._check(delivery) for delivery in deliveries]
         with conn.transaction():
@@ -135,11 +141,14 @@ class BatchProcessor:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
             fresh = self._record_inbox(conn, checked)
+            self._answer_duplicates(conn, checked, fresh)
             self._closed = self._find_closed(conn, checked, fresh)
             outcomes = [
                 self._handle(conn, delivery, item, fresh)
                 for delivery, item in zip(deliveries, checked, strict=True)
             ]
+            if self._replies:
+                self.inbox.keep_replies(conn, self.service.name, self._replies)
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
         if self.metrics is not None:
@@ -191,6 +200,28 @@ class BatchProcessor:
             return set()
         with self._conflicts_end_the_batch():  # the same message in another open batch
             return self.inbox.record(conn, self.service.name, ids)
+
+    def _answer_duplicates(
+        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
+    ) -> None:
+        """Send again what this consumer replied to the messages it had handled before."""
+        again = [
+            item.envelope.message_id
+            for item in checked
+            if isinstance(item, Decoded) and item.envelope.message_id not in fresh
+        ]
+        if not again:
+            return
+        written = self.inbox.answer_again(conn, self.service.name, again)
+        self.outbox.written(conn, written)
+        if written:
+            logger.info(
+                "%s answered %d duplicate(s) again with %d kept reply(ies)",
+                self.service.name,
+                len(again),
+                len(written),
+                extra={"consumer": self.service.name},
+            )
 
     def _find_closed(
         self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
@@ -318,7 +349,12 @@ class BatchProcessor:
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
             self.outbox.add_many(conn, ctx.outgoing)
+        self._keep(ctx)
         return Outcome.HANDLED
+
+    def _keep(self, ctx: HandlerContext) -> None:
+        """Remember the replies of a delivery that stays handled (its inbox row commits)."""
+        self._replies.extend((ctx.message_id, reply) for reply in ctx.replies)
 
     def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
         """Send the handler's return value to ``reply_to``; None becomes an :class:`Ack`."""
@@ -345,6 +381,7 @@ class BatchProcessor:
         if ctx.reply(reply) is None:
             self._dead_letter_failure(conn, decoded, failure, tries=1)
         self.outbox.add_many(conn, ctx.outgoing)
+        self._keep(ctx)
         logger.info(
             "%s refused %s: %s",
             self.service.name,
@@ -364,6 +401,7 @@ class BatchProcessor:
         ctx = HandlerContext(envelope, self.service.name)
         ctx.reply(FailureReply(reason=reason, code=STEP_CLOSED, failed_type=envelope.type))
         self.outbox.add_many(conn, ctx.outgoing)
+        self._keep(ctx)
         logger.warning(
             "%s refused stale %s: %s",
             self.service.name,

@@ -191,7 +191,8 @@ class Transition:
         if record.status.finished or record.pending_message_id is None or record.step is None:
             return False
         # Stuck waiting: send the pending request again under the same message id, so a
-        # participant that did handle it skips it (inbox) and one that did not handles it now.
+        # participant that did handle it answers it again with its kept reply (inbox) and
+        # one that did not handles it now.
         step = self._current()
         if isinstance(step, WaitStep):
             return False  # waiting for an event is not stuck: signal it

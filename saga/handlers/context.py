@@ -38,6 +38,9 @@ class HandlerContext:
         self.metrics = metrics
         self._effects = effects
         self.outgoing: list[OutgoingMessage] = []
+        #: The messages of :attr:`outgoing` sent with :meth:`reply`: kept with the inbox row,
+        #: they answer a duplicate of this delivery again.
+        self.replies: list[OutgoingMessage] = []
 
     def __repr__(self) -> str:
         return (
@@ -124,4 +127,6 @@ class HandlerContext:
             for name in (STEP_HEADER, COMPENSATES_HEADER)
             if (value := self.envelope.headers.get(name)) is not None
         }
-        return self.send(message, to=self.envelope.reply_to, headers=headers)
+        message_id = self.send(message, to=self.envelope.reply_to, headers=headers)
+        self.replies.append(self.outgoing[-1])
+        return message_id

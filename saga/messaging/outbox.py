@@ -192,12 +192,19 @@ class Outbox:
                     ids.extend(row[0] for row in cur.fetchall())
                     if not cur.nextset():
                         break
-            collector = _collected.get()
-            if collector is not None:
-                collector.extend(ids)
-            elif self._should_wake():
-                cur.execute(_WAKE, (self._channel,))
+        self.written(conn, ids)
         return ids
+
+    def written(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
+        """Announce outbox rows just written on ``conn`` by other means than :meth:`add`:
+        gathered for :func:`collect_written`, or else a (debounced) wake-up for relays."""
+        if not ids:
+            return
+        collector = _collected.get()
+        if collector is not None:
+            collector.extend(ids)
+        elif self._should_wake():
+            conn.execute(_WAKE, (self._channel,))
 
     async def _add_async(
         self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]

@@ -4,8 +4,9 @@ A resume is a :class:`~saga.messaging.control.ResumeSaga` message to the saga's 
 service, written to the outbox in the operator's transaction. The orchestrator
 then tries again what stopped the saga; a saga stuck waiting on a reply gets
 its pending command sent again under the same message id, so a participant
-that did handle it (its message was not lost after all) skips it, and one that
-never saw it handles it now. Bulk resume is how an operator recovers sagas
+that did handle it does not handle it twice but answers it again with the reply
+it sent then (its reply may be what was lost), and one that never saw it
+handles it now. Bulk resume is how an operator recovers sagas
 whose messages a broker lost (a Redis restart without persistence).
 """
 
