@@ -18,7 +18,7 @@ import logging
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -33,6 +33,7 @@ from consumers.inbox import Inbox
 from saga.effects.side_effects import SideEffects
 from saga.errors import (
     BatchConflict,
+    ConcurrentUpdate,
     ConfigurationError,
     MessageTooLarge,
     Rejection,
@@ -40,6 +41,7 @@ from saga.errors import (
     StepFailed,
 )
 from saga.faults import fault_point
+from saga.handlers.batching import BatchScope
 from saga.handlers.closed_steps import ClosedSteps
 from saga.handlers.context import HandlerContext
 from saga.handlers.service import Service
@@ -51,7 +53,7 @@ from saga.messaging.envelope import (
     STEP_HEADER,
     Envelope,
 )
-from saga.messaging.outbox import Outbox, OutgoingMessage
+from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage
 from saga.messaging.signing import KeyRing
 from saga.observability import tracing
 from saga.observability.logs import log_context
@@ -115,6 +117,10 @@ class BatchProcessor:
         self._created: list[float] = []
         #: (handled message id, reply) of the batch, kept with the inbox before it commits
         self._replies: list[tuple[UUID, OutgoingMessage]] = []
+        #: outbox rows the batch's handlers sent, written in one statement before it commits
+        self._rows: list[OutboxRow] = []
+        #: the service's staged writes for this batch, when it writes batches at once
+        self._scope: BatchScope | None = None
         self._in_batch = False
         self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
@@ -134,6 +140,8 @@ class BatchProcessor:
         """
         self._created = []
         self._replies = []
+        self._rows = []
+        self._scope = None
         self._in_batch = len(deliveries) > 1
         checked = [self._check(delivery) for delivery in deliveries]
         with conn.transaction():
@@ -143,10 +151,15 @@ class BatchProcessor:
             fresh = self._record_inbox(conn, checked)
             self._answer_duplicates(conn, checked, fresh)
             self._closed = self._find_closed(conn, checked, fresh)
+            self._scope = self._open_scope(conn, checked, fresh)
             outcomes = [
                 self._handle(conn, delivery, item, fresh)
                 for delivery, item in zip(deliveries, checked, strict=True)
             ]
+            if self._scope is not None:
+                with self._conflicts_end_the_batch():
+                    self._scope.flush(conn)
+            self.outbox.insert_rows(conn, self._rows)
             if self._replies:
                 self.inbox.keep_replies(conn, self.service.name, self._replies)
             fault_point("consumer.before_commit")
@@ -222,6 +235,20 @@ class BatchProcessor:
                 len(written),
                 extra={"consumer": self.service.name},
             )
+
+    def _open_scope(
+        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
+    ) -> BatchScope | None:
+        """The service's batch scope, for a batch of several new deliveries (else None)."""
+        writing = self.service.batch_writing
+        envelopes = [
+            item.envelope
+            for item in checked
+            if isinstance(item, Decoded) and item.envelope.message_id in fresh
+        ]
+        if writing is None or len(envelopes) < 2:
+            return None
+        return writing.open(conn, envelopes)
 
     def _find_closed(
         self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
@@ -329,7 +356,7 @@ class BatchProcessor:
         """In a batch of several, a lock conflict becomes :class:`BatchConflict`."""
         try:
             yield
-        except LOCK_CONFLICTS as exc:
+        except (*LOCK_CONFLICTS, ConcurrentUpdate) as exc:
             if self._in_batch:
                 raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
             raise
@@ -340,15 +367,19 @@ class BatchProcessor:
 
     def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
         envelope = decoded.envelope
-        with _savepoint(conn):
-            ctx = HandlerContext(envelope, self.service.name, self.metrics, self.effects)
-            closing = ctx.compensated_key
+        # A service writing batches at once stages its writes and guards its own savepoints.
+        with _savepoint(conn) if self._scope is None else nullcontext():
+            ctx = HandlerContext(
+                envelope, self.service.name, self.metrics, self.effects, batch=self._scope
+            )
+            closing = ctx.compensated_key if envelope.reply_to else None  # a command, not a reply
             if closing is not None:
                 self.closed_steps.close(conn, self.service.name, closing)
                 self._closed.add(closing)  # its command later in this batch is refused too
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
-            self.outbox.add_many(conn, ctx.outgoing)
+            rows = self.outbox.rows(ctx.outgoing)  # checked now: a message too large fails here
+        self._rows.extend(rows)
         self._keep(ctx)
         return Outcome.HANDLED
 

@@ -24,13 +24,14 @@ class SagaHome:
     def persist(
         self,
         tx: Tx,
-        record: SagaRecord,
+        record: SagaRecord | None,
         log: Sequence[StepLogEntry],
         outgoing: Sequence[OutgoingMessage],
         letters: Sequence[DeadLetter],
     ) -> None:
-        """Write one step's outcome: the saga row, its log, its messages, its dead letters."""
-        self.store.save(tx, record)
+        """Write a step's outcome: the saga row (if any), log, messages and dead letters."""
+        if record is not None:
+            self.store.save(tx, record)
         self.store.log(tx, log)
         self.outbox.add_many(tx, outgoing)
         for letter in letters:

@@ -17,6 +17,7 @@ import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.engine import signals
+from saga.engine.batch import SagaBatch, SagaBatches
 from saga.engine.definition import RemoteStep, Saga, WaitStep
 from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
@@ -246,32 +247,38 @@ class SagaRegistry:
                 handler = self._internal.get(message_class, self._on_reply)
                 service.add_handler(message_class, handler)
             service.on_connect(self.check_versions)
+            service.batch_writing = SagaBatches(self.home)
             self._service = service
         return self._service
 
     def _on_reply(self, tx: psycopg.Connection[Any], reply: BaseModel, ctx: HandlerContext) -> None:
-        self.orchestrator.on_reply(tx, reply, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_reply(tx, reply, ctx.envelope, ctx.metrics, _batch(ctx))
 
     def _on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, ctx: HandlerContext) -> None:
-        self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics, _batch(ctx))
 
     def _on_resume(
         self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_resume(tx, request, ctx.metrics)
+        self.orchestrator.on_resume(tx, request, ctx.metrics, _batch(ctx))
 
     def _on_signal(self, tx: psycopg.Connection[Any], signal: Signal, ctx: HandlerContext) -> None:
-        self.orchestrator.on_signal(tx, signal, ctx.metrics)
+        self.orchestrator.on_signal(tx, signal, ctx.metrics, _batch(ctx))
 
     def _on_wait_timeout(
         self, tx: psycopg.Connection[Any], timeout: WaitTimeout, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_wait_timeout(tx, timeout, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_wait_timeout(tx, timeout, ctx.envelope, ctx.metrics, _batch(ctx))
 
     def _on_deadline(
         self, tx: psycopg.Connection[Any], deadline: StepDeadline, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics, _batch(ctx))
+
+
+def _batch(ctx: HandlerContext) -> SagaBatch | None:
+    """The orchestrator's staged writes for the batch ``ctx`` belongs to, if any."""
+    return ctx.batch if isinstance(ctx.batch, SagaBatch) else None
 
 
 def _migrated_entries(
