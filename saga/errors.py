@@ -51,10 +51,6 @@ class DatabaseUnavailable(SagaError):
     """PostgreSQL could not be reached (after retries)."""
 
 
-class BrokerUnavailable(SagaError):
-    """The message broker could not be reached (after retries)."""
-
-
 class UnsafeDurability(ConfigurationError):
     """The database session or the broker could lose committed rows or messages on a crash."""
 

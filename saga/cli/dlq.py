@@ -17,6 +17,7 @@ from saga.cli.common import (
     SchemaOption,
     connect,
     console,
+    iso,
     settings_from,
 )
 from saga.cli.durations import parse_duration
@@ -45,10 +46,6 @@ HomeDatabaseUrlOption = Annotated[
         show_default=False,
     ),
 ]
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
 
 
 class LetterContext:
@@ -101,11 +98,11 @@ def _summary(letter: DeadLetterRow) -> dict[str, Any]:
         "saga_id": str(letter.saga_id) if letter.saga_id else None,
         "destination": letter.destination,
         "attempts": letter.attempts,
-        "first_failed_at": _iso(letter.first_failed_at),
-        "last_failed_at": _iso(letter.last_failed_at),
+        "first_failed_at": iso(letter.first_failed_at),
+        "last_failed_at": iso(letter.last_failed_at),
         "status": letter.status,
         "replay_count": letter.replay_count,
-        "last_replayed_at": _iso(letter.last_replayed_at),
+        "last_replayed_at": iso(letter.last_replayed_at),
     }
 
 
