@@ -339,7 +339,8 @@ class SagaMachine(RuleBasedStateMachine):
         for message in result.outgoing:
             target = self.scheduled if message.destination == HOME else self.requests
             target.append(message.envelope)
-        self.dead_letters += len(result.dead_letters)
+        if result.dead_letters:  # a saga gives up visibly: a dead letter, and an operator's turn
+            assert result.record.status.needs_operator and result.ended is result.record.status
         return result
 
     def follow(self, result: TransitionResult, in_doubt: str | None) -> None:
@@ -453,7 +454,6 @@ class SagaMachine(RuleBasedStateMachine):
         self.saga = build(shapes, self.faults, self.ran)
         pivot = next((s.name for s in shapes if s.pivot), None)
         self.reference = Reference({s.name for s in shapes if s.compensated}, pivot)
-        self.dead_letters = 0
         self.record = SagaRecord(
             id=SAGA_ID,
             name="model",
