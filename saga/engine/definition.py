@@ -100,8 +100,9 @@ class WaitStep:
 
     While it waits no process holds the saga: it is a row, and its timeout a
     scheduled message. ``on_event(data, event)`` returns the new data (or
-    None); raising :class:`~saga.errors.StepFailed` compensates. On timeout the
-    saga compensates, or jumps to the step named by ``on_timeout``.
+    None); raising :class:`~saga.errors.StepFailed` compensates, or, after the
+    pivot, refuses the event and keeps waiting. On timeout the saga compensates,
+    or jumps to the step named by ``on_timeout``.
     """
 
     name: str

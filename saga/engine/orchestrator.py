@@ -22,6 +22,13 @@ from pydantic import BaseModel, ValidationError
 from saga.engine.batch import SagaBatch
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.home import SagaHome
+from saga.engine.routing import (
+    awaits,
+    awaits_reply,
+    deadline_applies,
+    may_undo,
+    wait_timeout_applies,
+)
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.engine.store import SagaStore
 from saga.engine.transitions import LocalOutcome, Transition
@@ -41,7 +48,7 @@ from saga.messaging.control import (
     StepTimer,
     WaitTimeout,
 )
-from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
+from saga.messaging.envelope import STEP_HEADER, Envelope
 from saga.messaging.ids import uuid7
 from saga.observability import tracing
 from saga.observability.metrics import Metrics
@@ -111,7 +118,7 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._load_for(tx, envelope.saga_id, envelope, batch)
-        if record.pending_message_id is None or record.pending_message_id != envelope.causation_id:
+        if not awaits_reply(record, envelope):
             self._late_reply(tx, record, reply, envelope, metrics, batch)
             return
         with self._transition(tx, self._definition(record), record, envelope) as run:
@@ -161,7 +168,7 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._load(tx, timeout.saga_id, batch)
-        if record.pending_message_id != envelope.message_id or record.waiting_for is None:
+        if not wait_timeout_applies(record, envelope):
             # A signal (or an operator) got there first: the timeout loses, and says so.
             self._ignored(
                 tx, record, timeout.step, "timeout lost the race: the saga moved on", batch
@@ -180,7 +187,7 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._load(tx, deadline.saga_id, batch)
-        if record.pending_message_id != deadline.awaited or record.status is not SagaStatus.RUNNING:
+        if not deadline_applies(record, deadline):
             logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
             return
         with self._transition(tx, self._definition(record), record, envelope) as run:
@@ -272,8 +279,7 @@ class Orchestrator:
         success that came after the saga compensated past its step must be undone.
         """
         step = envelope.headers.get(STEP_HEADER) or "(reply)"
-        is_compensation = COMPENSATES_HEADER in envelope.headers
-        if not isinstance(reply, FailureReply) and not is_compensation:
+        if may_undo(reply, envelope):
             with self._transition(tx, self._definition(record), record, envelope) as run:
                 undone = run.undo_late_success(step, reply)
                 if undone:
@@ -310,7 +316,7 @@ class Orchestrator:
         batch: SagaBatch | None,
     ) -> SagaRecord:
         record = self._load_for(tx, saga_id, envelope, batch)
-        if record.pending_message_id is None or record.pending_message_id != awaited:
+        if not awaits(record, awaited):
             raise StaleReply(
                 f"saga {saga_id} ({record.status}, step {record.step!r}) is not waiting for "
                 f"{envelope.type} {envelope.message_id}"

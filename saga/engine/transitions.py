@@ -140,10 +140,7 @@ class Transition:
                 self._set_data(step.on_reply(self.data, reply), f"on_reply of {step.name!r}")
             self._log(step, Phase.FORWARD, "succeeded", self.record.step_started_at)
             self.record.completed_steps.append(step.name)
-            if self.record.cancel_requested:
-                self._begin_compensation(self.record.last_error or "cancelled")
-            else:
-                self.advance(self.saga.index(step.name) + 1)
+            self._go_on(self.saga.index(step.name) + 1)
         else:
             self._log(step, Phase.COMPENSATION, "succeeded", self.record.step_started_at)
             self.record.completed_steps.pop()
@@ -242,19 +239,22 @@ class Transition:
             waiting = f"waiting for {record.waiting_for!r}" if record.waiting_for else "not waiting"
             return f"saga is {record.status.value} and {waiting}"
         event = step.payload.model_validate(signal.data)
-        self._end_wait()
         try:
             result = step.on_event(self.data, event) if step.on_event else None
         except StepFailed as failure:
             reason = f"{step.name}: {failure.reason}"
+            if self.saga.after_pivot(step.name):  # past the pivot the saga only goes forward
+                return f"{reason}; past the pivot, so the saga keeps waiting"
+            self._end_wait()
             self._log(step, Phase.FORWARD, "failed", record.step_started_at, reason)
             self._begin_compensation(reason)
             return None
+        self._end_wait()
         if result is not None:
             self._set_data(result, f"on_event of {step.name!r}")
         self._log(step, Phase.FORWARD, "succeeded", record.step_started_at)
         record.completed_steps.append(step.name)
-        self.advance(self.saga.index(step.name) + 1)
+        self._go_on(self.saga.index(step.name) + 1)
         return None
 
     def on_wait_timeout(self) -> None:
@@ -266,7 +266,7 @@ class Transition:
         if step.on_timeout == COMPENSATE:
             self._begin_compensation(reason)
         else:
-            self.advance(self.saga.index(step.on_timeout))
+            self._go_on(self.saga.index(step.on_timeout))
 
     def on_deadline(self, deadline: StepDeadline) -> None:
         step = self._current()
@@ -366,6 +366,14 @@ class Transition:
         self.record.status = SagaStatus.COMPLETED
         self.record.step = None
         self.record.pending_message_id = None
+
+    def _go_on(self, index: int) -> None:
+        """Go on from step ``index`` now the current step is answered (by a reply, a signal
+        or a timeout), or compensate instead if a cancel was requested meanwhile."""
+        if self.record.cancel_requested:
+            self._begin_compensation(self.record.last_error or "cancelled")
+        else:
+            self.advance(index)
 
     def _run_local(self, step: LocalStep) -> bool:
         ran = self.local_steps.run(step.action, self.data, compensation=False)
