@@ -534,7 +534,10 @@ def measure(
             part.script = script(mine, keys, ids[database.name], database.url)
             parts.append(part)
     if not parts:
-        raise RuntimeError("the server log holds no statement of the captured saga")
+        raise RuntimeError(
+            "the server log holds no statement of the captured saga "
+            "(log_line_prefix must show the backend as [%p] and the database as user@%d)"
+        )
     return Ceiling(parts, replay(parts, seconds))
 
 
