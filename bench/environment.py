@@ -33,16 +33,33 @@ class ScratchDatabase:
     url: str
 
     @classmethod
-    def create(cls, prefix: str = "saga_bench", *, framework: bool = True) -> ScratchDatabase:
-        """A new database; ``framework=False`` leaves it empty (no ``saga`` schema)."""
+    def create(
+        cls, prefix: str = "saga_bench", *, framework: bool = True, log_statements: bool = False
+    ) -> ScratchDatabase:
+        """A new database; ``framework=False`` leaves it empty (no ``saga`` schema).
+
+        ``log_statements`` makes the server log every statement of every later session on this
+        database (``log_statement = 'all'`` for it alone; see ``bench.saga_sql_ceiling``).
+        """
         name = f"{prefix}_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            if log_statements:
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET log_statement = 'all'").format(
+                        sql.Identifier(name)
+                    )
+                )
         url = _with_database(ADMIN_URL, name)
         if framework:
             with psycopg.connect(url) as conn:
                 migrate(conn, "saga")
         return cls(name, url)
+
+    def reset_settings(self) -> None:
+        """Forget the settings ``create`` gave this database (new sessions log nothing)."""
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER DATABASE {} RESET ALL").format(sql.Identifier(self.name)))
 
     def drop(self) -> None:
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:

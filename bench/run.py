@@ -8,6 +8,7 @@ or the ceiling that cannot run here is reported as not measured, with the reason
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 from collections.abc import Callable
 from importlib import metadata
@@ -25,6 +26,7 @@ from bench import (
     relay_throughput,
     report,
     saga_e2e,
+    saga_sql_ceiling,
     three_step_saga,
 )
 from bench.environment import machine
@@ -203,6 +205,58 @@ def _latency(m: saga_e2e.Measurement) -> str:
     return " / ".join(f"{k} {v:,.1f} ms" for k, v in m.latency_ms.items())
 
 
+def _saga_sql(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """pgbench replaying one saga's own SQL, and sagas/s as a share of it beside the old one."""
+    rows = []
+    for key, name, measure, rate_key in (
+        ("three_step", "three-step saga", saga_sql_ceiling.three_step, "three_step_sagas_per_s"),
+        ("order", "order saga", saga_sql_ceiling.order, "sagas_per_s"),
+    ):
+        label = f"pgbench replaying one {name}'s SQL, every service's share at once"
+        top, failed = _attempt(
+            f"{name}: capturing its SQL, replaying it with pgbench",
+            functools.partial(measure, args.seconds),
+        )
+        if top is None:
+            rows.append((label, "not measured", failed))
+            continue
+        ceiling: saga_sql_ceiling.Ceiling = top
+        (report.RESULTS / f"saga-sql-{key.replace('_', '-')}-latest.pgbench").write_text(
+            ceiling.scripts()
+        )
+        figures |= {
+            f"saga_sql_ceiling_{key}_sagas_per_s": round(ceiling.sagas_per_s, 1),
+            f"saga_sql_statements_{key}": ceiling.statements,
+            f"saga_sql_transactions_{key}": ceiling.transactions,
+        }
+        notes = [
+            f"{ceiling.statements} statements in {ceiling.transactions} transactions "
+            f"(per service and transaction: {ceiling.breakdown()}; BEGIN/COMMIT not counted)",
+            f"sagas/s by clients: {_sweep(ceiling.sweep)}",
+        ]
+        if figures.get(rate_key):
+            ratio = figures[rate_key] / ceiling.sagas_per_s
+            figures[f"saga_sql_ceiling_ratio_{key}"] = round(ratio, 3)
+            notes.insert(0, f"{name} at {ratio:.2f} of it")
+        rows.append((label, f"{ceiling.sagas_per_s:,.0f} sagas/s", "; ".join(notes)))
+    if "saga_sql_ceiling_ratio_order" in figures:
+        figures["saga_sql_ceiling_ratio"] = figures["saga_sql_ceiling_ratio_order"]
+    return rows
+
+
+def _ratios(figures: Figures) -> None:
+    """The issue-13 ratios: sagas over Celery chains, steps over the one-step ceiling."""
+    celery, ceiling_tps = figures.get("celery_chains_per_s"), figures.get("ceiling_step_tps")
+    for key, rate in (
+        ("three_step_vs_celery", figures.get("three_step_sagas_per_s")),
+        ("order_vs_celery", figures.get("sagas_per_s")),
+    ):
+        if celery and rate:
+            figures[key] = round(rate / celery, 3)
+    if ceiling_tps and figures.get("steps_per_s"):
+        figures["step_ceiling_ratio"] = round(figures["steps_per_s"] / ceiling_tps, 3)
+
+
 def _versus(full: saga_e2e.Measurement, figures: Figures) -> str:
     parts = []
     if figures.get("ceiling_step_tps"):
@@ -237,7 +291,17 @@ def main() -> None:
         "--concurrency", type=int, default=1, help="worker threads of the orchestrator (orders)"
     )
     parser.add_argument("--only-sagas", action="store_true", help="measure the saga runs alone")
+    parser.add_argument(
+        "--only-saga-sql",
+        action="store_true",
+        help="measure the pgbench replay of one saga's SQL alone (bench.saga_sql_ceiling)",
+    )
     args = parser.parse_args()
+    if args.only_saga_sql:
+        figures_sql: Figures = {}
+        path = report.write(figures_sql, _saga_sql(args, figures_sql), machine(), name="saga-sql")
+        console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
+        return
     if args.only_sagas:
         figures: Figures = {}
         rows = _sagas(args, figures)
@@ -283,6 +347,8 @@ def main() -> None:
     rows += [_ceiling(args, figures), _celery(args, figures), _dbos(args, figures)]
     rows.append(_three_steps(args, figures))
     rows += _sagas(args, figures)
+    rows += _saga_sql(args, figures)
+    _ratios(figures)
     path = report.write(figures, rows, machine())
     console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
 

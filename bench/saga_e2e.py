@@ -47,11 +47,19 @@ class Bench:
     """A running example system on scratch databases, to measure repeatedly."""
 
     def __init__(
-        self, work_dir: Path, orchestrator_concurrency: int = 1, orchestrators: int = 1
+        self,
+        work_dir: Path,
+        orchestrator_concurrency: int = 1,
+        orchestrators: int = 1,
+        *,
+        log_statements: bool = False,
     ) -> None:
         self.run_id = uuid.uuid4().hex[:6]
         self.databases = {  # migrated by Cluster.prepare
-            s: ScratchDatabase.create(f"bench_{self.run_id}_{s}", framework=False) for s in SERVICES
+            s: ScratchDatabase.create(
+                f"bench_{self.run_id}_{s}", framework=False, log_statements=log_statements
+            )
+            for s in SERVICES
         }
         self.system = Cluster(
             {s: d.url for s, d in self.databases.items()},

@@ -34,11 +34,18 @@ PER_TRANSACTION = 50
 class ThreeStepBench:
     """The two services and their relays, running on scratch databases until closed."""
 
-    def __init__(self, work_dir: Path, concurrency: int = 1, orchestrators: int = 1) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        concurrency: int = 1,
+        orchestrators: int = 1,
+        *,
+        log_statements: bool = False,
+    ) -> None:
         run_id = uuid.uuid4().hex[:6]
         self.prefix = f"bench{run_id}."
-        self.home = ScratchDatabase.create(f"bench_{run_id}_runs")
-        self.steps = ScratchDatabase.create(f"bench_{run_id}_steps")
+        self.home = ScratchDatabase.create(f"bench_{run_id}_runs", log_statements=log_statements)
+        self.steps = ScratchDatabase.create(f"bench_{run_id}_steps", log_statements=log_statements)
         create_tables(self.steps.url)
         commands = []
         for name, database, target, processes in (

@@ -1,0 +1,607 @@
+"""The ceiling for whole sagas: pgbench replaying exactly the SQL one saga issues, nothing else.
+
+``bench.ceiling`` runs one step's transaction (three statements); a saga step costs more SQL
+than that (the saga row read and written, the step log, the reply, the relay's claim and
+delete, the consumer's inbox). This module measures what the framework issues today, so the
+figure follows the engine as it changes; nothing here lists the statements by hand.
+
+Capture. A small copy of the benchmarked system (``bench.three_step_saga`` or the order saga
+of ``bench.saga_e2e``) starts on scratch databases created with ``log_statement = 'all'`` set
+on those databases alone (no server restart, no global setting). After a few warm-up sagas,
+one saga runs alone; the server log written meanwhile (``pg_current_logfile()``, or the
+postmaster's standard error when ``logging_collector`` is off) holds every statement every
+session ran, with its parameters. Statements are grouped into transactions per backend
+(``BEGIN`` ... ``COMMIT``; a statement outside one is a transaction of its own). The saga's
+transactions are those connected to it: one naming the saga id, then, transitively, one naming
+a message id or an outbox row id seen in them. Idle polling (relays finding nothing, the
+benchmark's own wait) names none and is left out. An ``AFTER INSERT`` trigger on each
+capture database's outbox records which row id each message got, since the log does not
+show ids a ``RETURNING`` clause handed back.
+
+Script. Per database (per service), that database's share of the saga, in log order, as a
+pgbench script: the same statements, the same ``BEGIN``/``SAVEPOINT``/``COMMIT``, with each
+parameter an explicitly typed literal (types from ``PREPARE``) except: every UUID becomes
+``md5(:saga || '/n')::uuid`` (the same UUID, the same expression; ``:saga`` is random per
+replayed saga), an outbox row id becomes the id the replayed ``INSERT ... RETURNING id``
+returned (``\\gset``), and the business keys the caller names (an order id must be new, an
+account or customer is drawn as the benchmark draws it) become pgbench expressions.
+
+Replay. Every service's script runs at once, each with as many clients as the system held
+connections to that database during the capture, for the same number of sagas (sized by a
+short probe to last about ``seconds``); sagas per second is that number over the time until
+the last service finished. No Python, no broker: the saga cannot finish faster on this server
+with this SQL and this many sessions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench._saga_app import Run, three_steps
+from bench.ceiling import PGBENCH
+from bench.environment import ADMIN_URL, ScratchDatabase
+from bench.saga_e2e import Bench, wait_until_finished
+from bench.three_step_saga import ThreeStepBench
+from bench.workload import ACCOUNTS
+from examples.order_saga import driver
+from examples.order_saga.cluster import COMMON_SKUS, RICH_CUSTOMERS
+from examples.order_saga.driver import FailureRates
+from examples.order_saga.orders import create_order
+
+WARM_UP = 5
+SETTLE_S = 1.0
+PROBE_SAGAS_PER_CLIENT = 20
+#: Clients over all databases, split evenly (max_connections is often 100, and shared).
+CLIENTS = (16, 32, 48)
+
+Sweep = dict[str, float]
+
+_ENTRY = re.compile(
+    r"^.*?\[(?P<pid>\d+)\] (?:\S*@(?P<db>\S+) )?(?P<level>[A-Z]+):  (?P<message>.*)$"
+)
+_EXECUTE = re.compile(r"^(?:statement|execute [^:]+): (?P<sql>.*)$", re.DOTALL)
+_PARAM = re.compile(r"\$(?P<n>\d+) = (?:NULL|'(?P<value>(?:[^']|'')*)')", re.DOTALL)
+_PLACEHOLDER = re.compile(r"\$(\d+)\b")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_INT_ARRAY = re.compile(r"^\{?(\d+(?:,\d+)*)\}?$")
+_VARIABLE = re.compile(r"(?<!:):([A-Za-z_]\w*)")
+
+OUTBOX_IDS = """
+CREATE TABLE public.bench_outbox_ids (id bigint PRIMARY KEY, message_id uuid NOT NULL);
+CREATE FUNCTION public.bench_outbox_ids() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.bench_outbox_ids VALUES (NEW.id, NEW.message_id);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_outbox_ids AFTER INSERT ON saga.outbox
+    FOR EACH ROW EXECUTE FUNCTION public.bench_outbox_ids();
+"""
+DROP_OUTBOX_IDS = """
+DROP TRIGGER IF EXISTS bench_outbox_ids ON saga.outbox;
+DROP FUNCTION IF EXISTS public.bench_outbox_ids();
+DROP TABLE IF EXISTS public.bench_outbox_ids;
+"""
+
+
+@dataclass
+class Statement:
+    sql: str
+    params: list[str | None] = field(default_factory=list)
+
+
+@dataclass
+class Transaction:
+    database: str
+    pid: int
+    statements: list[Statement]
+
+    def text(self) -> str:
+        """Every statement and parameter value, to search for the saga's tokens."""
+        return "\n".join("\n".join([s.sql, *(p for p in s.params if p)]) for s in self.statements)
+
+    @property
+    def work(self) -> int:
+        """Statements other than transaction control (``BEGIN``, ``COMMIT``)."""
+        return sum(1 for s in self.statements if not _control(s.sql))
+
+
+@dataclass(frozen=True)
+class Key:
+    """A business value of the captured saga that the replay must vary as the benchmark does.
+
+    ``literal`` is the value a parameter had (the whole parameter), ``draw`` a pgbench
+    ``\\set`` expression, ``text`` SQL giving the replayed value as text from ``:{var}``.
+    """
+
+    literal: str
+    draw: str
+    text: str = ":{var}::text"
+
+
+@dataclass
+class Part:
+    """One database's share of the saga and how the system used it."""
+
+    service: str
+    url: str
+    transactions: list[Transaction]
+    clients: int
+    script: str = ""
+
+
+@dataclass
+class Ceiling:
+    parts: list[Part]
+    #: Sagas per second by clients: the system's own sessions per database ("4+3"), then
+    #: the same count on every database ("16 each").
+    sweep: Sweep
+
+    @property
+    def sagas_per_s(self) -> float:
+        return max(self.sweep.values())
+
+    @property
+    def statements(self) -> int:
+        return sum(t.work for p in self.parts for t in p.transactions)
+
+    @property
+    def transactions(self) -> int:
+        return sum(len(p.transactions) for p in self.parts)
+
+    def breakdown(self) -> str:
+        """``service: statements per transaction`` for every service, e.g. ``runs 5+4+4``."""
+        return "; ".join(
+            f"{p.service} {'+'.join(str(t.work) for t in p.transactions)}" for p in self.parts
+        )
+
+    def scripts(self) -> str:
+        return "\n".join(
+            f"-- {p.service}: {len(p.transactions)} transactions, {p.clients} clients\n{p.script}"
+            for p in self.parts
+        )
+
+
+# -- capture -----------------------------------------------------------------------------
+
+
+def server_log(conn: psycopg.Connection[Any]) -> Path:
+    """The file the server writes its log to, readable from here (same host)."""
+    row = conn.execute("SELECT pg_current_logfile(), current_setting('data_directory')").fetchone()
+    if row and row[0]:
+        path = Path(row[0]) if os.path.isabs(row[0]) else Path(row[1]) / row[0]
+    else:  # logging_collector off: the postmaster's stderr
+        pid_row = conn.execute("SELECT pg_read_file('postmaster.pid')").fetchone()
+        pid = int(str(pid_row[0]).split()[0]) if pid_row else 0
+        path = Path(os.readlink(f"/proc/{pid}/fd/2"))
+    if not os.access(path, os.R_OK):
+        raise RuntimeError(f"the server log {path} is not readable from this process")
+    return path
+
+
+def install_outbox_ids(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(OUTBOX_IDS)
+
+
+def outbox_ids(url: str) -> dict[int, str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute("SELECT id, message_id::text FROM public.bench_outbox_ids").fetchall()
+        conn.execute(DROP_OUTBOX_IDS)
+    return {int(i): str(m) for i, m in rows}
+
+
+@contextmanager
+def log_window(databases: list[ScratchDatabase]) -> Iterator[list[str]]:
+    """Collects what the server logged for ``databases`` inside the block (lines appended)."""
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        path = server_log(conn)
+    start = path.stat().st_size
+    lines: list[str] = []
+    yield lines
+    with path.open("rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    names = {d.name for d in databases}
+    keep = False
+    for line in text.splitlines():
+        if line.startswith("\t"):
+            if keep:
+                lines.append(line)
+            continue
+        match = _ENTRY.match(line)
+        keep = bool(match and match["db"] in names)
+        if keep:
+            lines.append(line)
+
+
+def parse(lines: list[str]) -> list[Transaction]:
+    """Transactions, in the order they began, from log lines (continuations start with a tab)."""
+    entries: list[tuple[int, str, str, str]] = []
+    for line in lines:
+        if line.startswith("\t") and entries:
+            pid, db, level, message = entries[-1]
+            entries[-1] = (pid, db, level, f"{message}\n{line[1:]}")
+            continue
+        match = _ENTRY.match(line)
+        if match:
+            entries.append((int(match["pid"]), match["db"], match["level"], match["message"]))
+    done: list[Transaction] = []
+    open_: dict[int, Transaction] = {}
+    last: dict[int, Statement] = {}
+    for pid, db, level, message in entries:
+        if level == "DETAIL" and message.startswith("parameters: ") and pid in last:
+            params: dict[int, str | None] = {}
+            for m in _PARAM.finditer(message):
+                value = m["value"]
+                params[int(m["n"])] = None if value is None else value.replace("''", "'")
+            last[pid].params = [params.get(i + 1) for i in range(max(params, default=0))]
+            continue
+        executed = _EXECUTE.match(message) if level == "LOG" else None
+        if not executed:
+            continue
+        statement = Statement(executed["sql"].strip())
+        last[pid] = statement
+        word = statement.sql.split(None, 1)[0].upper().rstrip(";") if statement.sql else ""
+        if word in ("BEGIN", "START"):
+            open_[pid] = Transaction(db, pid, [statement])
+            done.append(open_[pid])
+        elif pid in open_:
+            open_[pid].statements.append(statement)
+            if word in ("COMMIT", "END", "ROLLBACK") and "TO" not in statement.sql.upper():
+                del open_[pid]
+        else:
+            done.append(Transaction(db, pid, [statement]))
+    return done
+
+
+def sagas_share(
+    transactions: list[Transaction], saga_id: str, ids: dict[str, dict[int, str]]
+) -> list[Transaction]:
+    """The transactions connected to ``saga_id`` through the UUIDs and outbox ids they name."""
+    tokens = {saga_id}
+    chosen: list[Transaction] = []
+    rest = list(transactions)
+    grew = True
+    while grew:
+        grew = False
+        for tx in list(rest):
+            text = tx.text()
+            row_ids = {
+                str(i)
+                for i, m in ids.get(tx.database, {}).items()
+                if m in tokens and "outbox" in text
+            }
+            named = any(token in text for token in tokens)
+            if not named and row_ids and _names_row_id(tx, row_ids):
+                named = True
+            if named:
+                chosen.append(tx)
+                rest.remove(tx)
+                tokens |= set(_UUID.findall(text))
+                grew = True
+    order = {id(tx): i for i, tx in enumerate(transactions)}
+    return sorted(chosen, key=lambda tx: order[id(tx)])
+
+
+def _names_row_id(tx: Transaction, row_ids: set[str]) -> bool:
+    for statement in tx.statements:
+        for value in statement.params:
+            match = _INT_ARRAY.match(value or "")
+            if match and "outbox" in statement.sql and set(match[1].split(",")) & row_ids:
+                return True
+    return False
+
+
+def connections(databases: list[ScratchDatabase]) -> dict[str, int]:
+    """Sessions open on each database right now, this probe's own excluded."""
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT datname, count(*) FROM pg_stat_activity "
+            "WHERE datname = ANY(%s) AND pid <> pg_backend_pid() GROUP BY datname",
+            ([d.name for d in databases],),
+        ).fetchall()
+    return {str(name): int(n) for name, n in rows}
+
+
+# -- script ------------------------------------------------------------------------------
+
+
+def parameter_types(url: str, statements: list[Statement]) -> dict[str, list[str] | None]:
+    """The type PostgreSQL infers for each parameter of each statement (None: it cannot)."""
+    types: dict[str, list[str] | None] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            if not statement.params or statement.sql in types:
+                continue
+            try:
+                conn.execute(sql.SQL("PREPARE bench_probe AS {}").format(sql.SQL(statement.sql)))
+                row = conn.execute(
+                    "SELECT parameter_types::text[] FROM pg_prepared_statements "
+                    "WHERE name = 'bench_probe'"
+                ).fetchone()
+                conn.execute("DEALLOCATE bench_probe")
+                types[statement.sql] = list(row[0]) if row else None
+            except psycopg.Error:
+                types[statement.sql] = None
+    return types
+
+
+def _literal(value: str) -> str:
+    """A string literal pgbench leaves alone (a colon would read as a variable)."""
+    if ":" not in value and "\\" not in value:
+        return "'" + value.replace("'", "''") + "'"
+    escaped = value.replace("\\", "\\\\").replace("'", "''").replace(":", "\\x3a")
+    return f"E'{escaped}'"
+
+
+def _control(statement: str) -> bool:
+    word = statement.split(None, 1)[0].upper().rstrip(";") if statement else ""
+    return word in ("BEGIN", "START", "COMMIT", "END", "ROLLBACK")
+
+
+class _Script:
+    """Renders one database's share; the same UUID or row id always gets the same variable."""
+
+    def __init__(self, keys: list[Key], ids: dict[int, str], types: dict[str, list[str] | None]):
+        self.keys = {k.literal: (f"k{i + 1}", k) for i, k in enumerate(keys)}
+        self.uuids: dict[str, int] = {}
+        self.ids = ids
+        self.message_of = {m: i for i, m in ids.items()}
+        self.row_vars: dict[int, str] = {}
+        self.types = types
+        self.used_keys: set[str] = set()
+
+    def _uuid(self, value: str) -> str:
+        n = self.uuids.setdefault(value, len(self.uuids) + 1)
+        return f"md5(:saga::text || '/{n}')::uuid::text"
+
+    def _row_id(self, row: int) -> str:
+        if row in self.row_vars:
+            return f":{self.row_vars[row]}::text"
+        return f"(SELECT id FROM saga.outbox WHERE message_id = {self._uuid(self.ids[row])})::text"
+
+    def _text(self, value: str, outbox: bool) -> str:
+        """SQL text expression for a captured parameter value."""
+        if value in self.keys:
+            var, key = self.keys[value]
+            self.used_keys.add(value)
+            return key.text.format(var=var)
+        match = _INT_ARRAY.match(value) if outbox else None
+        rows = [int(r) for r in match[1].split(",")] if match else []
+        if rows and all(r in self.ids for r in rows):
+            inner = " || ',' || ".join(self._row_id(r) for r in rows)
+            return f"('{{' || {inner} || '}}')" if value.startswith("{") else inner
+        pieces, at = [], 0
+        for m in _UUID.finditer(value):
+            if m.start() > at:
+                pieces.append(_literal(value[at : m.start()]))
+            pieces.append(self._uuid(m.group()))
+            at = m.end()
+        if at < len(value) or not pieces:
+            pieces.append(_literal(value[at:]))
+        return pieces[0] if len(pieces) == 1 else "(" + " || ".join(pieces) + ")"
+
+    def statement(self, statement: Statement) -> str:
+        types = self.types.get(statement.sql) or []
+        outbox = "outbox" in statement.sql
+        rendered = []
+        for i, value in enumerate(statement.params):
+            type_ = types[i] if i < len(types) else ""
+            cast = f"::{type_}" if type_ and type_ != "unknown" else ""
+            if value is None:
+                rendered.append(f"NULL{cast}")
+            else:
+                text = self._text(value, outbox)
+                rendered.append(f"({text}){cast}" if cast else text)
+        text = _PLACEHOLDER.sub(lambda m: rendered[int(m[1]) - 1], statement.sql)
+        inserted = self._inserted_rows(statement)
+        if len(inserted) == 1 and re.search(r"RETURNING\s+(\w+\s*,\s*)*id\b", text, re.I):
+            prefix = f"ob{len(self.row_vars) + 1}_"
+            self.row_vars[inserted[0]] = f"{prefix}id"
+            return f"{text.rstrip().rstrip(';')}\n\\gset {prefix}"
+        return text.rstrip().rstrip(";") + ";"
+
+    def _inserted_rows(self, statement: Statement) -> list[int]:
+        if not re.match(r"\s*INSERT\s+INTO\s+\S*outbox\b", statement.sql, re.I):
+            return []
+        found = {u for v in statement.params if v for u in _UUID.findall(v)}
+        return [self.message_of[m] for m in found if m in self.message_of]
+
+    def header(self) -> str:
+        lines = ["\\set saga random(1, 1000000000000000000)"]
+        for literal in sorted(self.used_keys):
+            var, key = self.keys[literal]
+            lines.append(f"\\set {var} {key.draw}")
+        return "\n".join(lines)
+
+
+def script(transactions: list[Transaction], keys: list[Key], ids: dict[int, str], url: str) -> str:
+    """The pgbench script replaying ``transactions`` on the database at ``url``."""
+    statements = [s for tx in transactions for s in tx.statements]
+    render = _Script(keys, ids, parameter_types(url, statements))
+    body = "\n\n".join("\n".join(render.statement(s) for s in tx.statements) for tx in transactions)
+    text = f"{render.header()}\n\n{body}\n"
+    defined = {"saga", *(v for v, _ in render.keys.values()), *render.row_vars.values()}
+    stray = {m[1] for m in _VARIABLE.finditer(text.replace("\\gset", ""))} - defined
+    if stray:
+        raise RuntimeError(f"the captured SQL uses colons pgbench would read: {sorted(stray)}")
+    return text
+
+
+# -- replay ------------------------------------------------------------------------------
+
+
+def _run(parts: list[Part], sagas: int, work_dir: Path) -> float:
+    """Every part at once, each replaying ``sagas`` split over its clients; seconds taken."""
+    processes = []
+    began = time.monotonic()
+    for part in parts:
+        path = work_dir / f"{part.service}.sql"
+        path.write_text(part.script)
+        jobs = max(1, min(part.clients, os.cpu_count() or 1))
+        command = [PGBENCH, "-n", "-M", "prepared", "-f", str(path), "-c", str(part.clients)]
+        command += ["-j", str(jobs), "-t", str(-(-sagas // part.clients)), part.url]
+        processes.append(
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    outputs = [p.communicate() for p in processes]
+    elapsed = time.monotonic() - began
+    for part, process, (out, err) in zip(parts, processes, outputs, strict=True):
+        if process.returncode != 0:
+            raise RuntimeError(f"pgbench on {part.service} failed: {(err or out).strip()[-500:]}")
+    return elapsed
+
+
+def _clear(parts: list[Part]) -> None:
+    """Empty the outboxes: a relay's claim in one client can lock, so keep, another's row."""
+    for part in parts:
+        with psycopg.connect(part.url, autocommit=True) as conn:
+            conn.execute("DELETE FROM saga.outbox")
+
+
+def replay(parts: list[Part], seconds: float, counts: tuple[int, ...] = CLIENTS) -> Sweep:
+    """Sagas per second by client count: every part's pgbench for the same sagas, lasting
+    about ``seconds``; first with the system's own sessions per database, then with ``counts``
+    clients split evenly over the databases (more clients share commits, as batches do)."""
+    if not Path(PGBENCH).exists():
+        raise RuntimeError(f"{PGBENCH} not found (Debian package postgresql-client)")
+    sweep: Sweep = {}
+    own = "+".join(str(p.clients) for p in parts)
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, trial in [
+            (own, parts),
+            *(
+                (f"{n // len(parts)} each", [replace(p, clients=n // len(parts)) for p in parts])
+                for n in counts
+            ),
+        ]:
+            _clear(trial)
+            probe = PROBE_SAGAS_PER_CLIENT * max(p.clients for p in trial)
+            sagas = max(probe, int(probe * seconds / _run(trial, probe, Path(tmp))))
+            sweep[label] = sagas / _run(trial, sagas, Path(tmp))
+    return sweep
+
+
+# -- the two benchmarked sagas -----------------------------------------------------------
+
+
+def measure(
+    databases: dict[str, ScratchDatabase],
+    home: str,
+    start: Callable[[], uuid.UUID],
+    stop: Callable[[], object],
+    keys: list[Key],
+    seconds: float,
+) -> Ceiling:
+    """Capture one saga started by ``start`` on a running system, stop it, replay the SQL."""
+    home_url = databases[home].url
+    for database in databases.values():
+        install_outbox_ids(database.url)
+    for _ in range(WARM_UP):
+        start()
+        wait_until_finished(home_url, timeout=60)
+    time.sleep(SETTLE_S)
+    with log_window(list(databases.values())) as lines:
+        sessions = connections(list(databases.values()))
+        saga_id = str(start())
+        wait_until_finished(home_url, timeout=60)
+        time.sleep(SETTLE_S)  # the last outbox deletes after commit
+    stop()  # the replay has the machine to itself
+    ids = {}
+    for database in databases.values():
+        ids[database.name] = outbox_ids(database.url)
+        database.reset_settings()
+    share = sagas_share(parse(lines), saga_id, ids)
+    parts = []
+    for service, database in databases.items():
+        mine = [tx for tx in share if tx.database == database.name]
+        if mine:
+            clients = sessions.get(database.name, 0) + (1 if service == home else 0)  # + driver
+            part = Part(service, database.url, mine, max(1, clients))
+            part.script = script(mine, keys, ids[database.name], database.url)
+            parts.append(part)
+    if not parts:
+        raise RuntimeError(
+            "the server log holds no statement of the captured saga "
+            "(log_line_prefix must show the backend as [%p] and the database as user@%d)"
+        )
+    return Ceiling(parts, replay(parts, seconds))
+
+
+def three_step(seconds: float = 5, orchestrators: int = 1) -> Ceiling:
+    """The ceiling of ``bench.three_step_saga``: three account updates, drawn like the bench."""
+    accounts = [1237, 4561, 7893]  # distinctive, so that the replay draws them afresh
+
+    with tempfile.TemporaryDirectory() as logs:
+        bench = ThreeStepBench(Path(logs), orchestrators=orchestrators, log_statements=True)
+        try:
+
+            def start() -> uuid.UUID:
+                with psycopg.connect(bench.home.url) as conn, conn.transaction():
+                    return three_steps.start(conn, Run(run=424242, accounts=accounts))
+
+            databases = {"runs": bench.home, "steps": bench.steps}
+            keys = [Key(str(a), f"random(1, {ACCOUNTS})") for a in accounts]
+            return measure(databases, "runs", start, bench.supervisor.stop, keys, seconds)
+        finally:
+            bench.close()
+
+
+def order(seconds: float = 5) -> Ceiling:
+    """The ceiling of the order saga: a new order id each time, customer and SKU drawn."""
+    with tempfile.TemporaryDirectory() as logs:
+        bench = Bench(Path(logs), log_statements=True)
+        try:
+            started = 0
+
+            def start() -> uuid.UUID:
+                nonlocal started
+                new = driver.make_orders(1, FailureRates(0, 0, 0, 0), prefix=f"sql{started}")[0]
+                started += 1
+                with bench.system.connect("orders") as conn, conn.transaction():
+                    return create_order.start(conn, new, idempotency_key=new.order_id)
+
+            # the captured order is the sixth (after WARM_UP), made like every other
+            captured = driver.make_orders(1, FailureRates(0, 0, 0, 0), prefix=f"sql{WARM_UP}")[0]
+            keys = [
+                Key(captured.order_id, "random(1, 1000000000000000000)", "'o-' || :{var}::text"),
+                Key(
+                    captured.customer_id,
+                    f"random(0, {len(RICH_CUSTOMERS) - 1})",
+                    "'c-' || lpad(:{var}::text, 2, '0')",
+                ),
+                Key(
+                    captured.sku,
+                    f"random(0, {len(COMMON_SKUS) - 1})",
+                    "'sku-' || lpad(:{var}::text, 2, '0')",
+                ),
+            ]
+            return measure(bench.databases, "orders", start, bench.supervisor.stop, keys, seconds)
+        finally:
+            bench.close()
+
+
+def main() -> None:
+    for name, ceiling in (("three-step", three_step()), ("order", order())):
+        print(
+            f"{name}: {ceiling.sagas_per_s:,.0f} sagas/s, {ceiling.statements} statements "
+            f"in {ceiling.transactions} transactions ({ceiling.breakdown()})"
+        )
+        print(ceiling.scripts())
+
+
+if __name__ == "__main__":
+    main()
