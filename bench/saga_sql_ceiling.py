@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from examples.order_saga.driver import FailureRates
 from psycopg import sql
 
 from bench._saga_app import Run, three_steps
@@ -58,7 +59,6 @@ from bench.three_step_saga import ThreeStepBench
 from bench.workload import ACCOUNTS
 from examples.order_saga import driver
 from examples.order_saga.cluster import COMMON_SKUS, RICH_CUSTOMERS
-from examples.order_saga.driver import FailureRates
 from examples.order_saga.orders import create_order
 
 WARM_UP = 5
