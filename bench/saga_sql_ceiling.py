@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from examples.order_saga.driver import FailureRates
 from psycopg import sql
 
 from bench._saga_app import Run, three_steps
@@ -57,9 +56,10 @@ from bench.environment import ADMIN_URL, ScratchDatabase
 from bench.saga_e2e import Bench, wait_until_finished
 from bench.three_step_saga import ThreeStepBench
 from bench.workload import ACCOUNTS
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.cluster import COMMON_SKUS, RICH_CUSTOMERS
 from examples.order_saga.orders import create_order
+from examples.order_saga.workload import FailureRates
 
 WARM_UP = 5
 SETTLE_S = 1.0
@@ -569,13 +569,13 @@ def order(seconds: float = 5) -> Ceiling:
 
             def start() -> uuid.UUID:
                 nonlocal started
-                new = driver.make_orders(1, FailureRates(0, 0, 0, 0), prefix=f"sql{started}")[0]
+                new = workload.make_orders(1, FailureRates(0, 0, 0, 0), prefix=f"sql{started}")[0]
                 started += 1
                 with bench.system.connect("orders") as conn, conn.transaction():
                     return create_order.start(conn, new, idempotency_key=new.order_id)
 
             # the captured order is the sixth (after WARM_UP), made like every other
-            captured = driver.make_orders(1, FailureRates(0, 0, 0, 0), prefix=f"sql{WARM_UP}")[0]
+            captured = workload.make_orders(1, FailureRates(0, 0, 0, 0), prefix=f"sql{WARM_UP}")[0]
             keys = [
                 Key(captured.order_id, "random(1, 1000000000000000000)", "'o-' || :{var}::text"),
                 Key(
