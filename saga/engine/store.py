@@ -20,8 +20,8 @@ _COLUMNS = """id, name, saga_version, service, status, step, data, completed_ste
 
 _INSERT = """
 INSERT INTO {schema}.saga_instances
-    (id, name, saga_version, service, status, data, idempotency_key)
-VALUES (%s, %s, %s, %s, 'running', %s, %s)
+    (id, name, saga_version, service, status, data, idempotency_key, pending_message_id)
+VALUES (%s, %s, %s, %s, 'running', %s, %s, %s)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
 
@@ -137,11 +137,11 @@ class SagaStore:
         service: str,
         data: dict[str, Any],
         idempotency_key: str | None,
+        pending_message_id: UUID | None = None,
     ) -> UUID | None:
         """Insert a new running saga; None if one with this idempotency key exists."""
-        cur = conn.execute(
-            self._insert, (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
-        )
+        params = (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
+        cur = conn.execute(self._insert, (*params, pending_message_id))
         return saga_id if cur.rowcount == 1 else None
 
     def find_by_key(self, conn: psycopg.Connection[Any], name: str, key: str) -> UUID | None:
@@ -150,32 +150,7 @@ class SagaStore:
 
     def load(self, conn: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord | None:
         row = conn.execute(self._load, (saga_id,), prepare=True).fetchone()
-        if row is None:
-            return None
-        return SagaRecord(
-            id=row[0],
-            name=row[1],
-            saga_version=row[2],
-            service=row[3],
-            status=SagaStatus(row[4]),
-            step=row[5],
-            data=row[6],
-            completed_steps=list(row[7]),
-            pending_message_id=row[8],
-            step_attempt=row[9],
-            cancel_requested=row[10],
-            pivot_reached=row[11],
-            last_error=row[12],
-            idempotency_key=row[13],
-            version=row[14],
-            started_at=row[15],
-            updated_at=row[16],
-            step_started_at=row[17],
-            finished_at=row[18],
-            waiting_for=row[19],
-            wait_schema=row[20],
-            wait_deadline=row[21],
-        )
+        return None if row is None else _record(row)
 
     def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
         """Write ``record`` if nobody changed it since it was read; bump its version."""
@@ -207,7 +182,7 @@ class SagaStore:
 
     def request_cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> bool:
         """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""
-        cur = conn.execute(self._request_cancel, (f"cancelled: {reason}", saga_id))
+        cur = conn.execute(self._request_cancel, _cancel_params(saga_id, reason))
         return cur.rowcount == 1
 
     def unfinished_by_version(
@@ -298,3 +273,79 @@ class SagaStore:
             },
         ).fetchall()
         return [SagaSummary(*row) for row in rows]
+
+
+class AsyncSagaStore:
+    """The statements an app writes with, on a :class:`psycopg.AsyncConnection`.
+
+    The same SQL and row mapping as :class:`SagaStore` (whose rendered
+    statements it reuses); only the I/O is awaited.
+    """
+
+    def __init__(self, store: SagaStore) -> None:
+        self.store = store
+
+    async def insert(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        saga_id: UUID,
+        name: str,
+        saga_version: int,
+        service: str,
+        data: dict[str, Any],
+        idempotency_key: str | None,
+        pending_message_id: UUID | None = None,
+    ) -> UUID | None:
+        """See :meth:`SagaStore.insert`."""
+        params = (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
+        cur = await conn.execute(self.store._insert, (*params, pending_message_id))
+        return saga_id if cur.rowcount == 1 else None
+
+    async def find_by_key(
+        self, conn: psycopg.AsyncConnection[Any], name: str, key: str
+    ) -> UUID | None:
+        row = await (await conn.execute(self.store._by_key, (name, key))).fetchone()
+        return row[0] if row else None
+
+    async def load(self, conn: psycopg.AsyncConnection[Any], saga_id: UUID) -> SagaRecord | None:
+        row = await (await conn.execute(self.store._load, (saga_id,), prepare=True)).fetchone()
+        return None if row is None else _record(row)
+
+    async def request_cancel(
+        self, conn: psycopg.AsyncConnection[Any], saga_id: UUID, reason: str
+    ) -> bool:
+        """See :meth:`SagaStore.request_cancel`."""
+        cur = await conn.execute(self.store._request_cancel, _cancel_params(saga_id, reason))
+        return cur.rowcount == 1
+
+
+def _cancel_params(saga_id: UUID, reason: str) -> tuple[str, UUID]:
+    return f"cancelled: {reason}", saga_id
+
+
+def _record(row: Sequence[Any]) -> SagaRecord:
+    """A ``saga_instances`` row (selected as ``_COLUMNS``) as a record."""
+    return SagaRecord(
+        id=row[0],
+        name=row[1],
+        saga_version=row[2],
+        service=row[3],
+        status=SagaStatus(row[4]),
+        step=row[5],
+        data=row[6],
+        completed_steps=list(row[7]),
+        pending_message_id=row[8],
+        step_attempt=row[9],
+        cancel_requested=row[10],
+        pivot_reached=row[11],
+        last_error=row[12],
+        idempotency_key=row[13],
+        version=row[14],
+        started_at=row[15],
+        updated_at=row[16],
+        step_started_at=row[17],
+        finished_at=row[18],
+        waiting_for=row[19],
+        wait_schema=row[20],
+        wait_deadline=row[21],
+    )
