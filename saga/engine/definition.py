@@ -339,12 +339,24 @@ class Saga(Generic[D]):
         self, conn: psycopg.Connection[Any], data: D, *, idempotency_key: str | None = None
     ) -> UUID:
         """Start an instance in the caller's transaction (the saga must be registered)."""
+        started: UUID = self._home().start(conn, self, data, idempotency_key=idempotency_key)
+        return started
+
+    async def start_async(
+        self, conn: psycopg.AsyncConnection[Any], data: D, *, idempotency_key: str | None = None
+    ) -> UUID:
+        """:meth:`start` on an async connection (see ``SagaRegistry.start_async``)."""
+        home = self._home()
+        started: UUID = await home.start_async(conn, self, data, idempotency_key=idempotency_key)
+        return started
+
+    def _home(self) -> Any:
+        """The registry this saga is registered with."""
         if self.registry is None:
             raise ConfigurationError(
                 f"saga {self.name!r} is not registered: call SagaRegistry(...).register(saga) first"
             )
-        started: UUID = self.registry.start(conn, self, data, idempotency_key=idempotency_key)
-        return started
+        return self.registry
 
     def validate(self, routes: dict[type[BaseModel], str] | None = None) -> None:
         """Raise :class:`ConfigurationError` listing every mistake in this definition."""
