@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 from uuid import UUID
@@ -117,11 +117,14 @@ def test_add_async_hands_its_rows_to_collect_written_like_add(db: TestDatabase) 
 def test_add_async_wakes_the_relays_once_per_interval(db: TestDatabase) -> None:
     outbox = Outbox(wake_interval=60.0)
 
-    async def write(conn: psycopg.AsyncConnection[Any]) -> None:
-        for i in range(20):
-            await outbox.add_async(conn, Note(text=str(i)), destination="notes")
+    async def write() -> None:  # one transaction each: PostgreSQL folds repeats within one
+        conn = await psycopg.AsyncConnection.connect(db.url, autocommit=True)
+        async with conn:
+            for i in range(5):
+                async with conn.transaction():
+                    await outbox.add_async(conn, Note(text=str(i)), destination="notes")
 
-    assert wake_hints(db, lambda: in_async_tx(db, write)) == 1
+    assert wake_hints(db, lambda: asyncio.run(write())) == 1
 
 
 # -- start_async, signal_async, cancel_async ---------------------------------------------
@@ -132,12 +135,12 @@ def _effects_table(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
 
 
-@pytest.fixture
-def lending(db: TestDatabase, rabbit: TestBroker) -> Iterator[None]:
+@contextmanager
+def lending_running(db: TestDatabase, broker: TestBroker) -> Iterator[None]:
     with ExitStack() as stack:
-        stack.enter_context(running_relay(db, rabbit))
-        stack.enter_context(running_service(registry.as_service(), db, rabbit))
-        stack.enter_context(running_service(loans.bureau, db, rabbit))
+        stack.enter_context(running_relay(db, broker))
+        stack.enter_context(running_service(registry.as_service(), db, broker))
+        stack.enter_context(running_service(loans.bureau, db, broker))
         yield
 
 
@@ -189,8 +192,16 @@ def test_start_async_writes_nothing_when_the_callers_transaction_rolls_back(
     assert outbox_rows(db) == []
 
 
-def test_async_started_saga_runs_and_takes_async_signals(db: TestDatabase, lending: None) -> None:
-    saga_id = start_async(db, "l3")
+def test_async_started_saga_runs_and_takes_async_signals(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    with lending_running(db, rabbit):
+        signals_drive_to_completion(db, start_async(db, "l3"))
+    kinds = [r[0] for r in db.rows("SELECT kind FROM effects ORDER BY id")]
+    assert kinds == ["request", "disburse"]
+
+
+def signals_drive_to_completion(db: TestDatabase, saga_id: UUID) -> None:
     assert waiting_for(db, saga_id, "approval")[:2] == ("running", "wait_approval")
     with pytest.raises(SignalRejected, match="waiting for 'approval', not 'signature'"):
         in_async_tx(db, lambda c: registry.signal_async(c, saga_id, "signature", {"signer": "x"}))
@@ -200,19 +211,18 @@ def test_async_started_saga_runs_and_takes_async_signals(db: TestDatabase, lendi
     waiting_for(db, saga_id, "signature")
     in_async_tx(db, lambda c: registry.signal_async(c, saga_id, "signature", {"signer": "bo"}))
     wait_until(lambda: row(db, saga_id)[0] == "completed", what="completed")
-    kinds = [r[0] for r in db.rows("SELECT kind FROM effects ORDER BY id")]
-    assert kinds == ["request", "disburse"]
 
 
-def test_resume_begins_a_saga_whose_start_message_was_lost(db: TestDatabase, lending: None) -> None:
-    saga_id = start_async(db, "l4")
-    waiting_for(db, saga_id, "approval")
-    lost = start_async(db, "l5")
+def test_resume_begins_a_saga_whose_start_message_was_lost(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    lost = start_async(db, "l4")
     # A broker that forgot the start message: the relay had sent it, nothing ran it.
     db.execute("DELETE FROM saga.outbox WHERE saga_id = %s", (lost,))
     with db.connect(autocommit=False) as conn, conn.transaction():
         SagaResumer("saga").resume(conn, lost, stuck_after=timedelta(0), reason="lost")
-    assert waiting_for(db, lost, "approval")[:2] == ("running", "wait_approval")
+    with lending_running(db, rabbit):
+        assert waiting_for(db, lost, "approval")[:2] == ("running", "wait_approval")
 
 
 def test_cancel_async_flags_a_running_saga_and_refuses_the_rest(db: TestDatabase) -> None:
