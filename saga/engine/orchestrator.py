@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from saga.engine.definition import Saga
 from saga.engine.execution import SagaRun, now
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
-from saga.engine.store import AsyncSagaStore, SagaStore
+from saga.engine.store import AsyncSagaStore, NewSaga, SagaStore
 from saga.errors import (
     ConfigurationError,
     NotCancellable,
@@ -67,7 +67,7 @@ class Orchestrator:
         idempotency_key: str | None = None,
     ) -> UUID:
         saga_id = uuid7()
-        inserted = self.store.insert(tx, *self._new_row(saga, data, saga_id, idempotency_key))
+        inserted = self.store.insert(tx, self._new_saga(saga, data, saga_id, idempotency_key))
         if inserted is None:
             assert idempotency_key is not None
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
@@ -97,8 +97,8 @@ class Orchestrator:
         """
         saga_id = uuid7()
         kick = Envelope.wrap(StartSaga(saga_id=saga_id), saga_id=saga_id, correlation_id=saga_id)
-        row = self._new_row(saga, data, saga_id, idempotency_key)
-        inserted = await self.async_store.insert(tx, *row, kick.message_id)
+        row = self._new_saga(saga, data, saga_id, idempotency_key)
+        inserted = await self.async_store.insert(tx, row, kick.message_id)
         if inserted is None:
             assert idempotency_key is not None
             existing = await self.async_store.find_by_key(tx, saga.name, idempotency_key)
@@ -231,17 +231,18 @@ class Orchestrator:
 
     # -- helpers -------------------------------------------------------------
 
-    def _new_row(
+    def _new_saga(
         self, saga: Saga[Any], data: BaseModel, saga_id: UUID, idempotency_key: str | None
-    ) -> tuple[UUID, str, int, str, dict[str, Any], str | None]:
-        """The checked columns of a new saga's row (``SagaStore.insert`` arguments)."""
+    ) -> NewSaga:
+        """The row of a new saga, its data checked."""
         if not isinstance(data, saga.data_model):
             raise ConfigurationError(
                 f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
             )
         saga.check_data_size(data)
         dumped = data.model_dump(mode="json")
-        return saga_id, saga.name, saga.version, self.registry.service_name, dumped, idempotency_key
+        service = self.registry.service_name
+        return NewSaga(saga_id, saga.name, saga.version, service, dumped, idempotency_key)
 
     def _load(self, tx: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord:
         record = self.store.load(tx, saga_id)

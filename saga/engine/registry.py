@@ -181,8 +181,9 @@ class SagaRegistry:
         saga, one not waiting for ``event``, or data its wait step does not accept.
         """
         record = self.orchestrator.store.load(conn, saga_id)
-        payload = self._signal_payload(record, saga_id, event, data)
-        return signals.queue_signal(conn, self.outbox, payload[0], event, payload[1])
+        return signals.queue_signal(
+            conn, self.outbox, *self._signal_payload(record, saga_id, event, data)
+        )
 
     async def signal_async(
         self,
@@ -193,8 +194,9 @@ class SagaRegistry:
     ) -> UUID:
         """:meth:`signal` on an async connection: the same checks, the same message."""
         record = await self.orchestrator.async_store.load(conn, saga_id)
-        payload = self._signal_payload(record, saga_id, event, data)
-        return await signals.queue_signal_async(conn, self.outbox, payload[0], event, payload[1])
+        message = signals.signal_message(*self._signal_payload(record, saga_id, event, data))
+        await self.outbox.add_many_async(conn, [message])
+        return message.envelope.message_id
 
     def _signal_payload(
         self,
@@ -202,8 +204,8 @@ class SagaRegistry:
         saga_id: UUID,
         event: str,
         data: BaseModel | dict[str, Any],
-    ) -> tuple[SagaRecord, dict[str, Any]]:
-        """The waiting saga's record and ``data`` checked by its wait step."""
+    ) -> tuple[SagaRecord, str, dict[str, Any]]:
+        """The waiting saga's record, the event, and ``data`` checked by its wait step."""
         record = signals.check_waiting(record, saga_id, event)
         step = self.definition(record.name, record.saga_version).step(record.step or "")
         assert isinstance(step, WaitStep)
@@ -213,7 +215,7 @@ class SagaRegistry:
             )
         except ValidationError as exc:
             raise SignalRejected(f"invalid {event!r} data for saga {saga_id}: {exc}") from None
-        return record, payload.model_dump(mode="json")
+        return record, event, payload.model_dump(mode="json")
 
     def check_versions(self, conn: psycopg.Connection[Any]) -> None:
         """Refuse to run without the definitions that unfinished sagas still need."""

@@ -52,16 +52,3 @@ def queue_signal(
     message = signal_message(record, event, data)
     outbox.add_many(conn, [message])
     return message.envelope.message_id
-
-
-async def queue_signal_async(
-    conn: psycopg.AsyncConnection[Any],
-    outbox: Outbox,
-    record: SagaRecord,
-    event: str,
-    data: dict[str, Any],
-) -> UUID:
-    """:func:`queue_signal` on an async connection."""
-    message = signal_message(record, event, data)
-    await outbox.add_many_async(conn, [message])
-    return message.envelope.message_id

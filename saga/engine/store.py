@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -105,6 +106,30 @@ LIMIT %(limit)s
 """
 
 
+@dataclass(frozen=True, slots=True)
+class NewSaga:
+    """The row of a saga about to start."""
+
+    id: UUID
+    name: str
+    saga_version: int
+    service: str
+    data: dict[str, Any]
+    idempotency_key: str | None
+
+    def params(self, pending_message_id: UUID | None) -> tuple[Any, ...]:
+        """The parameters of the insert statement."""
+        return (
+            self.id,
+            self.name,
+            self.saga_version,
+            self.service,
+            Jsonb(self.data),
+            self.idempotency_key,
+            pending_message_id,
+        )
+
+
 class ConcurrentUpdate(Exception):
     """Another transaction changed the saga first; the handler is retried."""
 
@@ -129,20 +154,11 @@ class SagaStore:
         self._list = render(_LIST, schema)
 
     def insert(
-        self,
-        conn: psycopg.Connection[Any],
-        saga_id: UUID,
-        name: str,
-        saga_version: int,
-        service: str,
-        data: dict[str, Any],
-        idempotency_key: str | None,
-        pending_message_id: UUID | None = None,
+        self, conn: psycopg.Connection[Any], saga: NewSaga, pending_message_id: UUID | None = None
     ) -> UUID | None:
         """Insert a new running saga; None if one with this idempotency key exists."""
-        params = (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
-        cur = conn.execute(self._insert, (*params, pending_message_id))
-        return saga_id if cur.rowcount == 1 else None
+        cur = conn.execute(self._insert, saga.params(pending_message_id))
+        return saga.id if cur.rowcount == 1 else None
 
     def find_by_key(self, conn: psycopg.Connection[Any], name: str, key: str) -> UUID | None:
         row = conn.execute(self._by_key, (name, key)).fetchone()
@@ -288,18 +304,12 @@ class AsyncSagaStore:
     async def insert(
         self,
         conn: psycopg.AsyncConnection[Any],
-        saga_id: UUID,
-        name: str,
-        saga_version: int,
-        service: str,
-        data: dict[str, Any],
-        idempotency_key: str | None,
+        saga: NewSaga,
         pending_message_id: UUID | None = None,
     ) -> UUID | None:
         """See :meth:`SagaStore.insert`."""
-        params = (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
-        cur = await conn.execute(self.store._insert, (*params, pending_message_id))
-        return saga_id if cur.rowcount == 1 else None
+        cur = await conn.execute(self.store._insert, saga.params(pending_message_id))
+        return saga.id if cur.rowcount == 1 else None
 
     async def find_by_key(
         self, conn: psycopg.AsyncConnection[Any], name: str, key: str
