@@ -9,26 +9,12 @@ the messages behind it. Nothing but JSON is ever decoded (no pickle).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from uuid import UUID
 
 from pydantic import BaseModel, ValidationError
 
+from saga.errors import Rejection
 from saga.handlers.service import HandlerSpec, Service
 from saga.messaging.envelope import CONTENT_TYPE, Envelope
-
-
-class Rejection(Exception):
-    """A delivery that cannot be handled, with the reason it was turned away."""
-
-    def __init__(self, error_type: str, message: str, envelope: Envelope | None = None) -> None:
-        super().__init__(message)
-        self.error_type = error_type
-        self.message = message
-        self.envelope = envelope
-
-    @property
-    def message_id(self) -> UUID | None:
-        return self.envelope.message_id if self.envelope else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,11 @@ statement: a message whose row was already there was processed before and is
 skipped. Then per delivery, inside a savepoint: run the handler on the open
 transaction and write the messages it sends to the outbox. A failing handler
 rolls back only its own savepoint; a message that ends up retried later or
-dead-lettered gets its inbox row removed again. The caller commits once for the
-whole batch, then acknowledges.
+dead-lettered gets its inbox row removed again. The replies sent for the batch's
+handled messages are kept with their inbox rows (one statement, when there are
+any); a duplicate is answered again with the replies kept for it (one statement,
+when there are duplicates), so a saga whose reply a broker lost gets it when the
+saga is resumed. The caller commits once for the whole batch, then acknowledges.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -25,14 +28,22 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from consumers.decoding import Decoded, Rejection, decode
+from consumers.decoding import Decoded, decode
 from consumers.inbox import Inbox
 from saga.effects.side_effects import SideEffects
-from saga.errors import ConfigurationError, MessageTooLarge, StepFailed
+from saga.errors import (
+    BatchConflict,
+    ConcurrentUpdate,
+    ConfigurationError,
+    MessageTooLarge,
+    Rejection,
+    SignatureRejected,
+    StepFailed,
+)
 from saga.faults import fault_point
+from saga.handlers.batching import BatchScope
 from saga.handlers.closed_steps import ClosedSteps
 from saga.handlers.context import HandlerContext
-from saga.handlers.retry import BatchConflict
 from saga.handlers.service import Service
 from saga.messaging.control import DEAD_LETTERED, STEP_CLOSED, Ack, FailureReply
 from saga.messaging.dead_letters import DeadLetter, DeadLetterStore
@@ -40,9 +51,10 @@ from saga.messaging.envelope import (
     ATTEMPT_HEADER,
     COMMITTED_AT_HEADER,
     STEP_HEADER,
+    Envelope,
 )
-from saga.messaging.outbox import Outbox, OutgoingMessage
-from saga.messaging.signing import KeyRing, SignatureRejected
+from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage
+from saga.messaging.signing import KeyRing
 from saga.observability import tracing
 from saga.observability.logs import log_context
 from saga.observability.metrics import Metrics
@@ -103,6 +115,12 @@ class BatchProcessor:
         self.signing = signing
         self.effects = effects
         self._created: list[float] = []
+        #: (handled message id, reply) of the batch, kept with the inbox before it commits
+        self._replies: list[tuple[UUID, OutgoingMessage]] = []
+        #: outbox rows the batch's handlers sent, written in one statement before it commits
+        self._rows: list[OutboxRow] = []
+        #: the service's staged writes for this batch, when it writes batches at once
+        self._scope: BatchScope | None = None
         self._in_batch = False
         self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
@@ -121,6 +139,9 @@ class BatchProcessor:
         several: the caller then handles the deliveries one per transaction.
         """
         self._created = []
+        self._replies = []
+        self._rows = []
+        self._scope = None
         self._in_batch = len(deliveries) > 1
         checked = [self._check(delivery) for delivery in deliveries]
         with conn.transaction():
@@ -128,11 +149,19 @@ class BatchProcessor:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
             fresh = self._record_inbox(conn, checked)
+            self._answer_duplicates(conn, checked, fresh)
             self._closed = self._find_closed(conn, checked, fresh)
+            self._scope = self._open_scope(conn, checked, fresh)
             outcomes = [
                 self._handle(conn, delivery, item, fresh)
                 for delivery, item in zip(deliveries, checked, strict=True)
             ]
+            if self._scope is not None:
+                with self._conflicts_end_the_batch():
+                    self._scope.flush(conn)
+            self.outbox.insert_rows(conn, self._rows)
+            if self._replies:
+                self.inbox.keep_replies(conn, self.service.name, self._replies)
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
         if self.metrics is not None:
@@ -185,6 +214,42 @@ class BatchProcessor:
         with self._conflicts_end_the_batch():  # the same message in another open batch
             return self.inbox.record(conn, self.service.name, ids)
 
+    def _answer_duplicates(
+        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
+    ) -> None:
+        """Send again what this consumer replied to the messages it had handled before."""
+        again = [
+            item.envelope.message_id
+            for item in checked
+            if isinstance(item, Decoded) and item.envelope.message_id not in fresh
+        ]
+        if not again:
+            return
+        written = self.inbox.answer_again(conn, self.service.name, again)
+        self.outbox.written(conn, written)
+        if written:
+            logger.info(
+                "%s answered %d duplicate(s) again with %d kept reply(ies)",
+                self.service.name,
+                len(again),
+                len(written),
+                extra={"consumer": self.service.name},
+            )
+
+    def _open_scope(
+        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
+    ) -> BatchScope | None:
+        """The service's batch scope, for a batch of several new deliveries (else None)."""
+        writing = self.service.batch_writing
+        envelopes = [
+            item.envelope
+            for item in checked
+            if isinstance(item, Decoded) and item.envelope.message_id in fresh
+        ]
+        if writing is None or len(envelopes) < 2:
+            return None
+        return writing.open(conn, envelopes)
+
     def _find_closed(
         self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
     ) -> set[str]:
@@ -230,10 +295,7 @@ class BatchProcessor:
                 tracing.span(
                     f"{self.service.name} handle {envelope.type}",
                     headers=envelope.headers,
-                    attributes={
-                        "messaging.message.id": envelope.message_id,
-                        "saga.id": envelope.saga_id,
-                    },
+                    attributes=_span_attributes(envelope, self.service.name),
                 ),
             ):
                 outcome = self._run(conn, delivery, decoded)
@@ -294,7 +356,7 @@ class BatchProcessor:
         """In a batch of several, a lock conflict becomes :class:`BatchConflict`."""
         try:
             yield
-        except LOCK_CONFLICTS as exc:
+        except (*LOCK_CONFLICTS, ConcurrentUpdate) as exc:
             if self._in_batch:
                 raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
             raise
@@ -305,16 +367,25 @@ class BatchProcessor:
 
     def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
         envelope = decoded.envelope
-        with _savepoint(conn):
-            ctx = HandlerContext(envelope, self.service.name, self.metrics, self.effects)
-            closing = ctx.compensated_key
+        # A service writing batches at once stages its writes and guards its own savepoints.
+        with _savepoint(conn) if self._scope is None else nullcontext():
+            ctx = HandlerContext(
+                envelope, self.service.name, self.metrics, self.effects, batch=self._scope
+            )
+            closing = ctx.compensated_key if envelope.reply_to else None  # a command, not a reply
             if closing is not None:
                 self.closed_steps.close(conn, self.service.name, closing)
                 self._closed.add(closing)  # its command later in this batch is refused too
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
-            self.outbox.add_many(conn, ctx.outgoing)
+            rows = self.outbox.rows(ctx.outgoing)  # checked now: a message too large fails here
+        self._rows.extend(rows)
+        self._keep(ctx)
         return Outcome.HANDLED
+
+    def _keep(self, ctx: HandlerContext) -> None:
+        """Remember the replies of a delivery that stays handled (its inbox row commits)."""
+        self._replies.extend((ctx.message_id, reply) for reply in ctx.replies)
 
     def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
         """Send the handler's return value to ``reply_to``; None becomes an :class:`Ack`."""
@@ -341,6 +412,7 @@ class BatchProcessor:
         if ctx.reply(reply) is None:
             self._dead_letter_failure(conn, decoded, failure, tries=1)
         self.outbox.add_many(conn, ctx.outgoing)
+        self._keep(ctx)
         logger.info(
             "%s refused %s: %s",
             self.service.name,
@@ -360,6 +432,7 @@ class BatchProcessor:
         ctx = HandlerContext(envelope, self.service.name)
         ctx.reply(FailureReply(reason=reason, code=STEP_CLOSED, failed_type=envelope.type))
         self.outbox.add_many(conn, ctx.outgoing)
+        self._keep(ctx)
         logger.warning(
             "%s refused stale %s: %s",
             self.service.name,
@@ -518,4 +591,18 @@ def _log_extra(decoded: Decoded, consumer: str) -> dict[str, str | None]:
         "consumer": consumer,
         "message_id": str(envelope.message_id),
         "saga_id": str(envelope.saga_id) if envelope.saga_id else None,
+    }
+
+
+def _span_attributes(envelope: Envelope, consumer: str) -> dict[str, object]:
+    """What a handler's span says about the delivery (names: saga.observability.tracing)."""
+    return {
+        tracing.SAGA_ID: envelope.saga_id,
+        tracing.SAGA_STEP: envelope.headers.get(STEP_HEADER),
+        tracing.MESSAGE_ID: envelope.message_id,
+        tracing.MESSAGE_TYPE: envelope.type,
+        tracing.CONVERSATION_ID: envelope.correlation_id,
+        tracing.DESTINATION: consumer,  # messages are sent to a service by its name
+        tracing.CONSUMER_GROUP: consumer,
+        tracing.OPERATION_TYPE: "process",
     }

@@ -34,7 +34,7 @@ from saga.errors import SagaError
 from saga.faults import fault_point
 from saga.handlers.service import Service
 from saga.messaging.envelope import CONTENT_TYPE
-from saga.messaging.outbox import collect_written
+from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES, collect_written
 from saga.messaging.signing import KeyRing
 from saga.observability.logs import log_context
 from saga.observability.metrics import Metrics
@@ -50,7 +50,7 @@ class ConsumerOptions:
     schema: str = "saga"
     concurrency: int = 1
     prefetch: int = 100
-    max_message_bytes: int = 256 * 1024
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     poll_timeout: float = 0.5
     poison_threshold: int = 5
     #: Verify signatures (and, if the ring requires it, reject unsigned messages).

@@ -192,3 +192,17 @@ CREATE TABLE closed_steps (
     closed_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX closed_steps_closed_at ON closed_steps USING brin (closed_at);
+
+-- What a participant answered to each message it handled: a duplicate is answered again.
+CREATE TABLE inbox_replies (
+    consumer     text        NOT NULL,
+    message_id   uuid        NOT NULL,
+    reply_id     uuid        NOT NULL,
+    destination  text        NOT NULL,
+    message_type text        NOT NULL,
+    saga_id      uuid,
+    body         bytea       NOT NULL,
+    sent_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_id, reply_id)
+);
+CREATE INDEX inbox_replies_sent_at ON inbox_replies USING brin (sent_at);

@@ -6,6 +6,13 @@ these, keeping the original as ``__cause__``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from uuid import UUID
+
+    from saga.messaging.envelope import Envelope
+
 
 class SagaError(Exception):
     """Root of every error this framework raises on purpose."""
@@ -42,10 +49,6 @@ class MigrationError(SagaError):
 
 class DatabaseUnavailable(SagaError):
     """PostgreSQL could not be reached (after retries)."""
-
-
-class BrokerUnavailable(SagaError):
-    """The message broker could not be reached (after retries)."""
 
 
 class UnsafeDurability(ConfigurationError):
@@ -95,3 +98,74 @@ class SagaDataTooLarge(SagaError):
 
 class SignalRejected(SagaError):
     """A signal for a saga that does not exist, is not waiting for it, or with bad data."""
+
+
+class LockLost(SagaError):
+    """The lock expired or could not be renewed while it was held."""
+
+
+class LockTimeout(SagaError):
+    """The lock could not be acquired in time."""
+
+
+class ClaimNotFound(SagaError):
+    """No content is stored under this claim id (never stored, deleted or expired)."""
+
+
+class SideEffectFailed(SagaError):
+    """The call failed permanently before (recorded); it is not attempted again."""
+
+
+class SideEffectBusy(SagaError):
+    """Another attempt holds the key and did not finish in time (retried later)."""
+
+
+class LeaseLost(SagaError):
+    """The call outlived its lease and another attempt took the key over."""
+
+
+class BatchConflict(SagaError):
+    """A lock conflict (deadlock, serialization failure) inside a batch of deliveries.
+
+    Retrying it inside the batch would keep every lock the batch holds; the
+    whole batch is rolled back instead and its deliveries handled one by one.
+    """
+
+
+class ConcurrentUpdate(SagaError):
+    """Another transaction changed the saga first; the handler is retried."""
+
+
+class SignatureRejected(SagaError):
+    """A delivery whose signature is missing, unknown or wrong (``error_type`` says which)."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+
+
+class DeadLetterNotFound(SagaError):
+    """No dead letter has this id."""
+
+
+class NotReplayable(SagaError):
+    """This letter cannot be sent again (its body is not a message envelope, or it was purged)."""
+
+
+class NotResumable(SagaError):
+    """The saga is finished, or still making progress."""
+
+
+class Rejection(SagaError):
+    """A delivery that cannot be handled, with the reason it was turned away."""
+
+    def __init__(self, error_type: str, message: str, envelope: Envelope | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.envelope = envelope
+
+    @property
+    def message_id(self) -> UUID | None:
+        return self.envelope.message_id if self.envelope else None

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from saga.broker.transport import DEFAULT_HEARTBEAT
+from saga.broker.transport import DEFAULT_HEARTBEAT, DEFAULT_VISIBILITY_TIMEOUT
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE
 from saga.errors import ConfigurationError
@@ -20,7 +20,6 @@ from saga.observability.redaction import password_of, redact_url
 
 ENV_DATABASE_URL = "SAGA_DATABASE_URL"
 ENV_BROKER_URL = "SAGA_BROKER_URL"
-ENV_REDIS_URL = "SAGA_REDIS_URL"
 ENV_SCHEMA = "SAGA_SCHEMA"
 ENV_ACCEPT_REDIS_MESSAGE_LOSS = "SAGA_ACCEPT_REDIS_MESSAGE_LOSS"
 
@@ -36,6 +35,8 @@ class Settings(BaseSettings):
     broker_heartbeat: int = DEFAULT_HEARTBEAT
     #: Run on a Redis broker that loses messages when it restarts (refused otherwise).
     accept_redis_message_loss: bool = False
+    #: Redis: seconds before a message taken by a consumer that died is delivered again.
+    redis_visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     side_effect_lease: float = DEFAULT_LEASE.total_seconds()
     signing_keys: SecretStr | None = None
     require_signature: bool = False

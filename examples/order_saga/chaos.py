@@ -11,6 +11,17 @@ answer lost). Held charges become dead letters; as an operator would once the
 gateway is back, the run replays them. Then it waits for quiescence and runs
 the checker (the gateway's money included).
 
+``--broker redis`` runs on a private ``redis-server`` (its own port, persistence
+``appendonly yes`` / ``appendfsync always``) that the deck crashes and starts again
+(``restart_redis``) instead of restarting RabbitMQ and PostgreSQL: nothing may be
+lost, with no operator action. ``--broker redis-volatile`` runs on one without
+persistence: first the relay must refuse it, then the run accepts the risk
+(``SAGA_ACCEPT_REDIS_MESSAGE_LOSS``), each restart loses what Redis held, and once
+no saga has moved for :data:`STUCK_AFTER_S` seconds after the faults, ONE bulk
+``saga resume --stuck-after`` must bring every stranded saga to its end, each
+effect applied once. The shared PostgreSQL and RabbitMQ are never restarted in
+these modes.
+
 The last line is machine-readable::
 
     chaos: sagas=N faults=N lost=N duplicated=N unconverged=N converge_s=X
@@ -22,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -43,6 +55,8 @@ from examples.order_saga.checker import check
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.orders import OrderData, create_order
+from examples.order_saga.processes import SAGA
+from examples.order_saga.redis_server import RedisServer
 from examples.order_saga.supervisor import Supervisor
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterStore
 from saga.operations.replay import replay
@@ -56,6 +70,13 @@ KINDS = (
     "idle_transaction",
     "gateway_outage",
 )
+#: The faults of a Redis run: the private Redis restarts, the shared servers never do.
+REDIS_KINDS = ("kill", "pause", "restart_redis", "idle_transaction", "gateway_outage")
+BROKERS = ("rabbitmq", "redis", "redis-volatile")
+#: Redis runs: a message taken by a killed consumer comes back this soon (seconds).
+REDIS_VISIBILITY_TIMEOUT_S = 10
+#: A volatile Redis run resumes the sagas that made no progress for this long.
+STUCK_AFTER_S = 15
 #: The payments service's delayed retries during a run: an outage outlasts them all.
 PAYMENTS_RETRY_DELAYS = "0.5,1"
 GATEWAY_OUTAGE_S = 5.0
@@ -96,7 +117,15 @@ def _wait_port(port: int, seconds: float) -> None:
 class FaultInjector:
     """Applies one fault of a given kind and remembers what it did."""
 
-    def __init__(self, supervisor: Supervisor, system: Cluster, heartbeat: int, rng: random.Random):
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        system: Cluster,
+        heartbeat: int,
+        rng: random.Random,
+        redis: RedisServer | None = None,
+    ):
+        self.redis = redis
         self.supervisor = supervisor
         self.system = system
         self.heartbeat = heartbeat
@@ -122,6 +151,11 @@ class FaultInjector:
         subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
         subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
         _wait_port(RABBITMQ_PORT, 60)
+
+    def restart_redis(self) -> None:
+        """Crash the run's private Redis (SIGKILL) and start it again."""
+        assert self.redis is not None, "restart_redis needs a Redis run"
+        self.redis.restart()
 
     def restart_postgres(self) -> None:
         version = sorted(os.listdir("/etc/postgresql"))[0]
@@ -179,32 +213,101 @@ class FaultInjector:
             thread.join(120)
 
 
-def _deck(rng: random.Random) -> list[str]:
-    deck = ["kill"] * 6 + list(KINDS[1:])  # kills are the commonest fault
+def kinds_of(broker: str) -> tuple[str, ...]:
+    """The kinds of fault a run on ``broker`` injects."""
+    return KINDS if broker == "rabbitmq" else REDIS_KINDS
+
+
+def _deck(rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
+    deck = ["kill"] * 6 + list(kinds[1:])  # kills are the commonest fault
     rng.shuffle(deck)
     return deck
 
 
-def run(
-    sagas: int, duration: float, interval: float, heartbeat: int, seed: int, keep: bool
-) -> dict[str, Any]:
-    rng = random.Random(seed)
-    run_id = uuid.uuid4().hex[:6]
-    names = {s: f"chaos_{run_id}_{s}" for s in SERVICES}
+def _start_redis(broker: str) -> RedisServer | None:
+    """The run's private Redis, or None on RabbitMQ."""
+    if broker == "rabbitmq":
+        return None
+    server = RedisServer(persistent=broker == "redis")
+    server.start()
+    return server
+
+
+def _redis_env(redis: RedisServer | None) -> dict[str, str]:
+    if redis is None:
+        return {}
+    env = {"SAGA_REDIS_VISIBILITY_TIMEOUT": str(REDIS_VISIBILITY_TIMEOUT_S)}
+    if not redis.persistent:
+        env["SAGA_ACCEPT_REDIS_MESSAGE_LOSS"] = "true"
+    return env
+
+
+def refused_without_consent(system: Cluster) -> bool:
+    """A relay started on a volatile Redis without accepting the risk exits at once, saying why."""
+    env = {**os.environ, **system.env("orders")}
+    env.pop("SAGA_ACCEPT_REDIS_MESSAGE_LOSS", None)
+    done = subprocess.run(
+        [SAGA, "relay"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    return done.returncode == 2 and "--accept-redis-message-loss" in done.stderr
+
+
+def _cluster(
+    names: dict[str, str], run_id: str, heartbeat: int, redis: RedisServer | None
+) -> Cluster:
+    """The run's databases (created and migrated) and the services' settings."""
     for name in names.values():
         _admin("CREATE DATABASE {}", name)
     system = Cluster(
         {s: _url(n) for s, n in names.items()},
-        BROKER_URL,
+        redis.url if redis is not None else BROKER_URL,
         queue_prefix=f"chaos{run_id}.",
         extra_env={
             "SAGA_BROKER_HEARTBEAT": str(heartbeat),
             "ORDER_SAGA_FLAKINESS": "0.02",
             "SAGA_SIDE_EFFECT_LEASE": "2",
             "PAYMENTS_RETRY_DELAYS": PAYMENTS_RETRY_DELAYS,
+            **_redis_env(redis),
         },
     )
     system.prepare()
+    return system
+
+
+def run(
+    sagas: int,
+    duration: float,
+    interval: float,
+    heartbeat: int,
+    seed: int,
+    keep: bool,
+    broker: str = "rabbitmq",
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    run_id = uuid.uuid4().hex[:6]
+    redis = _start_redis(broker)
+    try:
+        return _run(sagas, duration, interval, heartbeat, keep, rng, run_id, broker, redis, seed)
+    finally:
+        if redis is not None:
+            redis.close()
+
+
+def _run(
+    sagas: int,
+    duration: float,
+    interval: float,
+    heartbeat: int,
+    keep: bool,
+    rng: random.Random,
+    run_id: str,
+    broker: str,
+    redis: RedisServer | None,
+    seed: int,
+) -> dict[str, Any]:
+    names = {s: f"chaos_{run_id}_{s}" for s in SERVICES}
+    system = _cluster(names, run_id, heartbeat, redis)
+    refused = refused_without_consent(system) if redis and not redis.persistent else None
     logs = RESULTS.parent / "chaos-logs" / run_id
     commands = [*system.commands(), ("orders-relay-2", ["relay"], system.env("orders"))]
     commands.append(
@@ -217,9 +320,10 @@ def run(
         )
     )  # fmt: skip
     supervisor = Supervisor(commands, logs)
-    injector = FaultInjector(supervisor, system, heartbeat, rng)
+    injector = FaultInjector(supervisor, system, heartbeat, rng, redis)
+    kinds = kinds_of(broker)
     print(
-        f"chaos {run_id}: {sagas} sagas over {duration:.0f}s, "
+        f"chaos {run_id} on {broker}: {sagas} sagas over {duration:.0f}s, "
         f"a fault every {interval}s; logs in {logs}"
     )
     started = time.monotonic()
@@ -228,7 +332,7 @@ def run(
         while time.monotonic() - started < duration:
             time.sleep(interval)
             supervisor.watch()
-            deck = deck or _deck(rng)
+            deck = deck or _deck(rng, kinds)
             kind = deck.pop()
             try:
                 injector.inject(kind)
@@ -238,10 +342,12 @@ def run(
             print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
         injector.settle()
         _wait_port(POSTGRES_PORT, 60)
-        _wait_port(RABBITMQ_PORT, 60)
+        if redis is None:
+            _wait_port(RABBITMQ_PORT, 60)
         faults_end = time.monotonic()
         expected = sagas + len(injector.late_orders)
-        converged = _quiesce(system, supervisor, expected, timeout=max(120.0, duration))
+        resumer = BulkResume(system) if redis is not None and not redis.persistent else None
+        converged = _quiesce(system, supervisor, expected, max(120.0, duration), resumer)
         converge_s = time.monotonic() - faults_end
         gateway = GatewayClient(system.gateway_url).state()
     finally:
@@ -252,6 +358,7 @@ def run(
     unconverged = counts.get("running", 0) + counts.get("compensating", 0)
     lost = report.figures.get("commands_lost", 0) + max(0, expected - present)
     result = {
+        "broker": broker,
         "sagas": present,
         "expected_sagas": expected,
         "faults": sum(injector.done.values()),
@@ -265,6 +372,7 @@ def run(
         "figures": report.figures,
         "exit_codes": codes,
     }
+    result.update(_redis_figures(refused, resumer))
     if not keep:
         for name in names.values():
             _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
@@ -273,8 +381,26 @@ def run(
     return result
 
 
-def _quiesce(system: Cluster, supervisor: Supervisor, expected: int, timeout: float) -> bool:
-    """Wait until every saga finished, replaying held charges the way an operator would."""
+def _redis_figures(refused: bool | None, resumer: BulkResume | None) -> dict[str, Any]:
+    """What a volatile Redis run adds: the refusal without consent, the one bulk resume."""
+    figures: dict[str, Any] = {}
+    if refused is not None:
+        figures["refused_without_consent"] = refused
+    if resumer is not None:
+        figures["bulk_resumes"] = resumer.runs
+        figures["sagas_resumed"] = resumer.resumed
+    return figures
+
+
+def _quiesce(
+    system: Cluster,
+    supervisor: Supervisor,
+    expected: int,
+    timeout: float,
+    resumer: BulkResume | None = None,
+) -> bool:
+    """Wait until every saga finished, replaying held charges the way an operator would
+    (and, after a volatile Redis lost messages, resuming the stranded sagas once)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         supervisor.watch()
@@ -282,10 +408,46 @@ def _quiesce(system: Cluster, supervisor: Supervisor, expected: int, timeout: fl
             replay_held(system)
             if driver.quiescent(system, expected):
                 return True
+            if resumer is not None:
+                resumer.once_all_stuck()
         except psycopg.OperationalError:
             pass
         time.sleep(0.5)
     return False
+
+
+_UNFINISHED = """
+SELECT count(*), count(*) FILTER (WHERE updated_at >= now() - %s * interval '1 second')
+FROM saga.saga_instances WHERE status IN ('running', 'compensating')
+"""
+
+
+class BulkResume:
+    """The operator's one ``saga resume --stuck-after`` after a volatile Redis lost messages:
+    run once every unfinished saga has made no progress for :data:`STUCK_AFTER_S`."""
+
+    def __init__(self, system: Cluster) -> None:
+        self.system = system
+        self.runs = 0
+        self.resumed = 0
+
+    def once_all_stuck(self) -> None:
+        if self.runs:
+            return
+        with psycopg.connect(self.system.database_urls["orders"]) as conn:
+            row = conn.execute(_UNFINISHED, (STUCK_AFTER_S,)).fetchone()
+        unfinished, moving = row if row else (0, 0)
+        if not unfinished or moving:
+            return
+        env = {**os.environ, "SAGA_DATABASE_URL": self.system.database_urls["orders"]}
+        done = subprocess.run(
+            [SAGA, "resume", "--stuck-after", f"{STUCK_AFTER_S}s", "--reason", "redis lost"],
+            env=env, capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        self.runs += 1
+        found = re.search(r"resumed (\d+) saga", done.stdout)
+        self.resumed = int(found.group(1)) if found else 0
+        print(f"  bulk resume: {done.stdout.strip().splitlines()[-1]}", flush=True)
 
 
 def replay_held(system: Cluster) -> int:
@@ -314,12 +476,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the databases and logs")
     parser.add_argument("--save", action="store_true", help="write bench/results/chaos-*.json")
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default="rabbitmq",
+        help="rabbitmq (restarts the local RabbitMQ and PostgreSQL), or a private redis-server "
+        "with persistence (redis) or without (redis-volatile), restarted by the run",
+    )
     args = parser.parse_args(argv)
-    for tool in ("rabbitmqctl", "pg_ctlcluster"):
+    tools = ("rabbitmqctl", "pg_ctlcluster") if args.broker == "rabbitmq" else ("redis-server",)
+    for tool in tools:
         if shutil.which(tool) is None:
-            print(f"chaos needs {tool} (local PostgreSQL and RabbitMQ it may restart)")
+            print(f"chaos needs {tool} (a server it may restart)")
             return 2
-    result = run(args.sagas, args.duration, args.interval, args.heartbeat, args.seed, args.keep)
+    result = run(
+        args.sagas,
+        args.duration,
+        args.interval,
+        args.heartbeat,
+        args.seed,
+        args.keep,
+        args.broker,
+    )
     print(f"faults injected: {result['faults']} {result['faults_by_kind']}")
     print(f"process restarts: {result['process_restarts']}")
     print(f"sagas: {result['sagas']} of {result['expected_sagas']}")
@@ -331,17 +509,22 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y-%m-%d")
         document = {**result, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
-        for name in (f"chaos-{stamp}.json", "chaos-latest.json"):
+        prefix = "chaos" if args.broker == "rabbitmq" else f"chaos-{args.broker}"
+        for name in (f"{prefix}-{stamp}.json", f"{prefix}-latest.json"):
             (RESULTS / name).write_text(json.dumps(document, indent=2, default=str) + "\n")
     print(
         f"chaos: sagas={result['sagas']} faults={result['faults']} lost={result['lost']} "
         f"duplicated={result['duplicated']} unconverged={result['unconverged']} "
         f"converge_s={result['converge_s']}"
+        + (f" resumed={result['sagas_resumed']}" if "sagas_resumed" in result else "")
     )
-    missing_kinds = [k for k in KINDS if not result["faults_by_kind"].get(k)]
+    missing_kinds = [k for k in kinds_of(args.broker) if not result["faults_by_kind"].get(k)]
     ok = not (
         result["lost"] or result["duplicated"] or result["unconverged"] or result["violations"]
     )
+    if result.get("refused_without_consent") is False:
+        print("chaos: the relay did not refuse the volatile Redis without consent")
+        ok = False
     if missing_kinds:
         print(f"chaos: not every kind of fault was injected: missing {missing_kinds}")
     return 0 if ok and not missing_kinds else 1

@@ -25,15 +25,12 @@ from examples.order_saga import driver, invariants
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.processes import SagaProcess
 from saga.cli.sagas import render_saga, timeline_entries
+from saga.db.embedded import EmbeddedPostgres, database_url
 from saga.engine.store import SagaStore
+from saga.errors import ConfigurationError
 
 console = Console()
 WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))
-
-
-def _database_url(server_url: str, name: str) -> str:
-    parts = urlsplit(server_url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
 
 
 def _fresh_database(server_url: str, name: str) -> str:
@@ -42,7 +39,7 @@ def _fresh_database(server_url: str, name: str) -> str:
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return _database_url(server_url, name)
+    return database_url(server_url, name)
 
 
 @contextmanager
@@ -54,8 +51,6 @@ def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
     if server_url:
         where.append("PostgreSQL from SAGA_DATABASE_URL")
     else:
-        from saga.db.embedded import EmbeddedPostgres
-
         with console.status("starting an embedded PostgreSQL"):
             embedded = EmbeddedPostgres(WORK_DIR / "pg")
         stack.callback(embedded.stop)
@@ -65,6 +60,7 @@ def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
     if broker_url:
         where.append("broker from SAGA_BROKER_URL")
     else:
+        _require_sqlalchemy()
         broker_db = _fresh_database(server_url, "saga_demo_broker")
         parts = urlsplit(broker_db)
         broker_url = urlunsplit(
@@ -79,6 +75,16 @@ def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
         _create_broker_tables(broker_url)
         where.append("broker: kombu's SQLAlchemy transport on the same PostgreSQL")
     yield urls, broker_url, "; ".join(where)
+
+
+def _require_sqlalchemy() -> None:
+    try:
+        import sqlalchemy  # noqa: F401  (kombu's SQLAlchemy transport needs it)
+    except ImportError:
+        raise ConfigurationError(
+            "the demo's broker needs the demo extra: pip install 'saga-outbox[demo]' "
+            "(or set SAGA_BROKER_URL)"
+        ) from None
 
 
 def _create_broker_tables(url: str) -> None:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SAGA = str(Path(sys.executable).parent / "saga")
+#: Where the processes start: the checkout (so ``tests.*`` targets import), or, when
+#: the example runs from an installed wheel, the caller's own folder.
+PROCESS_DIR = REPO if (REPO / "pyproject.toml").is_file() else None
 
 
 class SagaProcess:
@@ -27,7 +30,7 @@ class SagaProcess:
         command = args if args and os.path.isabs(args[0]) else [SAGA, *args]
         self.proc = subprocess.Popen(
             command,
-            cwd=REPO,
+            cwd=PROCESS_DIR,
             env={**_clean_environ(), **env},
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -53,6 +53,8 @@ class Topology:
 
 #: Seconds between AMQP heartbeats unless configured.
 DEFAULT_HEARTBEAT = 20
+#: Redis: seconds before a message taken by a consumer that died is delivered again.
+DEFAULT_VISIBILITY_TIMEOUT = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,7 @@ class BrokerConfig:
     heartbeat: int = DEFAULT_HEARTBEAT
     connect_timeout: float = 10.0
     #: Redis: seconds before an unacknowledged message (its consumer died) is redelivered.
-    visibility_timeout: int = 300
+    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     #: Virtual transports that poll (memory, SQLAlchemy): seconds between polls of an empty queue.
     polling_interval: float = 0.01
     #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
@@ -99,6 +101,10 @@ class BrokerConfig:
         transport: str | None = None
         if self.is_redis:
             options["visibility_timeout"] = self.visibility_timeout
+            # The lock around a sweep that brings back a dead consumer's messages: a
+            # process killed, or a persistent Redis crashed, while one holds it keeps it
+            # (kombu: 300 s). Never longer than the visibility timeout itself.
+            options["unacked_mutex_expire"] = self.visibility_timeout
             # kombu's Redis transport, made to keep a delivery through a Redis restart.
             transport = "saga.broker.redis_transport:Transport"
         connection = Connection(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from datetime import datetime
 from typing import Annotated, Any
 
 import psycopg
@@ -25,6 +26,12 @@ from saga.settings import (
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def iso(value: datetime | None) -> str | None:
+    """A timestamp as ISO 8601 text for ``--json`` output (None stays None)."""
+    return value.isoformat() if value is not None else None
+
 
 DatabaseUrlOption = Annotated[
     str | None,

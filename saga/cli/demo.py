@@ -1,14 +1,10 @@
-"""``saga demo``: the order-saga example end to end (run from the repository checkout)."""
+"""``saga demo``: the order-saga example end to end (it ships in the wheel as ``examples``)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Annotated
 
 import typer
-
-from saga.errors import ConfigurationError
 
 
 def demo(
@@ -23,12 +19,6 @@ def demo(
     Uses SAGA_DATABASE_URL / SAGA_BROKER_URL when set; otherwise an embedded
     PostgreSQL and a broker on it, so no server needs to be installed.
     """
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        from examples.order_saga import demo as example
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"the demo runs from the repository checkout (examples/ not found: {exc})"
-        ) from None
+    from examples.order_saga import demo as example  # not at import: keep `saga` start-up light
+
     raise typer.Exit(example.run(orders=orders, timeout=timeout, flakiness=flakiness))

@@ -17,15 +17,16 @@ from saga.cli.common import (
     SchemaOption,
     connect,
     console,
+    iso,
     settings_from,
 )
 from saga.cli.durations import parse_duration
 from saga.engine.store import SagaStore
-from saga.errors import SagaError
+from saga.errors import DeadLetterNotFound, NotReplayable
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
 from saga.messaging.envelope import Envelope
 from saga.observability.redaction import mask
-from saga.operations.replay import NotReplayable, outgoing_for, purge, replay, superseded
+from saga.operations.replay import outgoing_for, purge, replay, superseded
 from saga.settings import Settings
 
 app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
@@ -45,14 +46,6 @@ HomeDatabaseUrlOption = Annotated[
         show_default=False,
     ),
 ]
-
-
-class DeadLetterNotFound(SagaError):
-    pass
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
 
 
 class LetterContext:
@@ -105,11 +98,11 @@ def _summary(letter: DeadLetterRow) -> dict[str, Any]:
         "saga_id": str(letter.saga_id) if letter.saga_id else None,
         "destination": letter.destination,
         "attempts": letter.attempts,
-        "first_failed_at": _iso(letter.first_failed_at),
-        "last_failed_at": _iso(letter.last_failed_at),
+        "first_failed_at": iso(letter.first_failed_at),
+        "last_failed_at": iso(letter.last_failed_at),
         "status": letter.status,
         "replay_count": letter.replay_count,
-        "last_replayed_at": _iso(letter.last_replayed_at),
+        "last_replayed_at": iso(letter.last_replayed_at),
     }
 
 

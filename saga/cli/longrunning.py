@@ -20,10 +20,8 @@ from saga.cli.common import (
 )
 from saga.cli.loading import load_registry
 from saga.engine.registry import MigrationReport
-from saga.engine.signals import check_waiting, queue_signal
 from saga.engine.store import SagaStore
 from saga.errors import SignalRejected
-from saga.messaging.outbox import Outbox
 
 RegistryOption = Annotated[
     str,
@@ -38,29 +36,26 @@ RegistryOption = Annotated[
 def signal(
     saga_id: Annotated[UUID, typer.Argument(help="The waiting saga's id.")],
     event: Annotated[str, typer.Argument(help="The event it waits for, e.g. approval.")],
+    registry: RegistryOption,
     data: Annotated[str, typer.Option(help="The event's data as a JSON object.")] = "{}",
     database_url: DatabaseUrlOption = None,
-    schema: SchemaOption = None,
 ) -> None:
-    """Deliver an external event to a saga waiting for it (checked before it is sent)."""
+    """Deliver an external event to a saga waiting for it (checked before it is sent).
+
+    The registry's definitions check the data with the waiting step's model, as
+    ``registry.signal`` does in application code; the registry names the schema.
+    """
     try:
         payload: Any = json.loads(data)
     except json.JSONDecodeError as exc:
         raise SignalRejected(f"--data is not JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise SignalRejected("--data must be a JSON object")
-    import jsonschema  # only this command needs it: keep `saga` start-up light
-
-    settings = settings_from(database_url=database_url, schema=schema)
+    settings = settings_from(database_url=database_url)
+    target = load_registry(registry)
     with connect(settings) as conn, conn.transaction():
-        record = check_waiting(SagaStore(settings.db_schema).load(conn, saga_id), saga_id, event)
-        try:
-            jsonschema.validate(payload, record.wait_schema or {})
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "data"
-            raise SignalRejected(f"invalid {event!r} data: {where}: {exc.message}") from None
-        queue_signal(conn, Outbox(settings.db_schema), record, event, payload)
-    console.print(f"[green]{event} sent to saga {saga_id} (step {record.step})[/green]")
+        target.signal(conn, saga_id, event, payload)
+    console.print(f"[green]{event} sent to saga {saga_id}[/green]")
 
 
 def versions(

@@ -48,6 +48,7 @@ def _broker(settings: Settings) -> BrokerConfig:
         settings.require_broker_url(),
         heartbeat=settings.broker_heartbeat,
         accept_redis_message_loss=settings.accept_redis_message_loss,
+        visibility_timeout=settings.redis_visibility_timeout,
     )
 
 

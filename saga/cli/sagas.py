@@ -15,6 +15,7 @@ from saga.cli.common import (
     SchemaOption,
     connect,
     console,
+    iso,
     settings_from,
 )
 from saga.cli.durations import parse_duration
@@ -32,10 +33,6 @@ STATUS_STYLE = {
     "forward_failed": "bold red",
     "step_dead_lettered": "bold red",
 }
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 def list_sagas(
@@ -76,9 +73,9 @@ def list_sagas(
                         "status": r.status,
                         "step": r.step,
                         "last_error": r.last_error,
-                        "started_at": _iso(r.started_at),
-                        "updated_at": _iso(r.updated_at),
-                        "finished_at": _iso(r.finished_at),
+                        "started_at": iso(r.started_at),
+                        "updated_at": iso(r.updated_at),
+                        "finished_at": iso(r.finished_at),
                     }
                     for r in rows
                 ],
@@ -111,8 +108,8 @@ def timeline_entries(timeline: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
             "phase": phase,
             "attempt": attempt,
             "outcome": outcome,
-            "started_at": _iso(started),
-            "finished_at": _iso(finished),
+            "started_at": iso(started),
+            "finished_at": iso(finished),
             "duration_ms": round((finished - started).total_seconds() * 1000, 1),
             "error": error,
             "message_id": str(message_id) if message_id else None,
@@ -182,8 +179,8 @@ def show_saga(
                     "cancel_requested": record.cancel_requested,
                     "last_error": record.last_error,
                     "data": record.data,
-                    "started_at": _iso(record.started_at),
-                    "finished_at": _iso(record.finished_at),
+                    "started_at": iso(record.started_at),
+                    "finished_at": iso(record.finished_at),
                     "timeline": steps,
                 },
                 indent=2,

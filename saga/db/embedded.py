@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
-from psycopg import sql
-
 from saga.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DATA_DIR = Path.home() / ".cache" / "saga-outbox" / "pg"
+
+
+def database_url(server_url: str, database: str) -> str:
+    """``server_url`` pointing at ``database`` on the same server (credentials, socket kept)."""
+    parts = urlsplit(server_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, ""))
 
 
 def _pgserver() -> Any:
@@ -53,25 +56,7 @@ class EmbeddedPostgres:
         return cls._shared
 
     def url(self, database: str) -> str:
-        parts = urlsplit(self.admin_url)
-        return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, ""))
-
-    def socket_dir(self) -> str:
-        query = urlsplit(self.admin_url).query
-        return next((p[5:] for p in query.split("&") if p.startswith("host=")), "")
-
-    def create_database(self, name: str, *, replace: bool = False) -> str:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            if replace:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-            ).fetchone()
-            if not exists:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return self.url(name)
+        return database_url(self.admin_url, database)
 
     def stop(self) -> None:
         try:

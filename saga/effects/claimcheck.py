@@ -25,7 +25,7 @@ from uuid import UUID
 import psycopg
 
 from saga.db.sql import render
-from saga.errors import SagaError
+from saga.errors import ClaimNotFound
 from saga.messaging.ids import uuid7
 
 _PUT = """
@@ -34,10 +34,6 @@ VALUES (%s, %s, %s, now() + %s::interval)
 """
 _GET = "SELECT content, content_type FROM {schema}.claim_checks WHERE id = %s"
 _DELETE = "DELETE FROM {schema}.claim_checks WHERE id = %s"
-
-
-class ClaimNotFound(SagaError):
-    """No content is stored under this claim id (never stored, deleted or expired)."""
 
 
 class ClaimStore(Protocol):

@@ -23,7 +23,7 @@ from types import TracebackType
 
 import redis
 
-from saga.errors import SagaError
+from saga.errors import LockLost, LockTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +45,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-
-class LockLost(SagaError):
-    """The lock expired or could not be renewed while it was held."""
-
-
-class LockTimeout(SagaError):
-    """The lock could not be acquired in time."""
 
 
 class FencedLock:

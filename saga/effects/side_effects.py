@@ -38,7 +38,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from saga.db.sql import render
-from saga.errors import SagaError
+from saga.errors import LeaseLost, SideEffectBusy, SideEffectFailed
 from saga.faults import fault_point
 from saga.observability.redaction import redact_url
 
@@ -73,18 +73,6 @@ UPDATE {schema}.side_effects
 SET state = 'pending', owner = NULL, lease_until = NULL, error = %s, updated_at = now()
 WHERE key = %s AND owner = %s AND state = 'in_progress'
 """
-
-
-class SideEffectFailed(SagaError):
-    """The call failed permanently before (recorded); it is not attempted again."""
-
-
-class SideEffectBusy(SagaError):
-    """Another attempt holds the key and did not finish in time (retried later)."""
-
-
-class LeaseLost(SagaError):
-    """The call outlived its lease and another attempt took the key over."""
 
 
 @dataclass(frozen=True, slots=True)

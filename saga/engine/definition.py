@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, TypeVar, cast, get_type_hints
+from typing import Any, Generic, Protocol, TypeVar, cast, get_type_hints
 from uuid import UUID
 
 import psycopg
@@ -29,6 +29,7 @@ from saga.db.sql import Tx, validate_name
 from saga.errors import ConfigurationError, SagaDataTooLarge
 
 D = TypeVar("D", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
 
 
 #: ``on_timeout`` / ``on_deadline`` / ``on_dead_letter`` values.
@@ -136,6 +137,25 @@ class _Draft:
     local_compensations: dict[str, LocalAction] = field(default_factory=dict)
 
 
+class SagaHost(Protocol):
+    """What a saga needs from the registry it is registered with."""
+
+    routes: dict[type[BaseModel], str]
+
+    def start(
+        self, conn: Tx, saga: Saga[Any], data: BaseModel, *, idempotency_key: str | None = None
+    ) -> UUID: ...
+
+    async def start_async(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        saga: Saga[Any],
+        data: BaseModel,
+        *,
+        idempotency_key: str | None = None,
+    ) -> UUID: ...
+
+
 class Saga(Generic[D]):
     """A named, versioned saga definition over a pydantic data model."""
 
@@ -160,7 +180,7 @@ class Saga(Generic[D]):
         self.steps: list[Step] = []
         self.migrations: list[MigrationRule] = []
         self._draft = _Draft()
-        self.registry: Any = None  # set by SagaRegistry.register
+        self.registry: SagaHost | None = None  # the registry this saga was registered with
 
     def __repr__(self) -> str:
         return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
@@ -177,27 +197,29 @@ class Saga(Generic[D]):
         self,
         name: str,
         *,
-        compensate: LocalAction | str | None = None,
-        when: Condition | None = None,
+        compensate: Callable[[Tx, D], D | None] | str | None = None,
+        when: Callable[[D], bool] | None = None,
         pivot: bool = False,
         retry: StepRetry | None = None,
-    ) -> Callable[[LocalAction], LocalAction]:
+    ) -> Callable[[Callable[[Tx, D], D | None]], Callable[[Tx, D], D | None]]:
         """Decorator: ``fn(tx, data)`` runs in the orchestrator's transaction.
 
         It may return a new data object (saved with the saga) or None.
         ``retry`` overrides the saga's :class:`StepRetry` for this step's compensation.
         """
 
-        def register(action: LocalAction) -> LocalAction:
+        def register(action: Callable[[Tx, D], D | None]) -> Callable[[Tx, D], D | None]:
             self.steps.append(LocalStep(name, action, compensate, when, pivot, retry))
             return action
 
         return register
 
-    def local_compensation(self, name: str) -> Callable[[LocalAction], LocalAction]:
+    def local_compensation(
+        self, name: str
+    ) -> Callable[[Callable[[Tx, D], D | None]], Callable[[Tx, D], D | None]]:
         """Decorator: a named local compensation, referred to by ``compensate="name"``."""
 
-        def register(action: LocalAction) -> LocalAction:
+        def register(action: Callable[[Tx, D], D | None]) -> Callable[[Tx, D], D | None]:
             if name in self._draft.local_compensations:
                 raise ConfigurationError(f"saga {self.name!r}: compensation {name!r} defined twice")
             self._draft.local_compensations[name] = action
@@ -209,13 +231,13 @@ class Saga(Generic[D]):
         self,
         name: str,
         *,
-        command: CommandBuilder | type[BaseModel],
+        command: Callable[[D], BaseModel] | type[BaseModel],
         service: str | None = None,
-        reply: type[BaseModel] | None = None,
-        on_reply: ReplyHandler | None = None,
-        compensate: CommandBuilder | type[BaseModel] | None = None,
+        reply: type[R] | None = None,
+        on_reply: Callable[[D, R], D] | None = None,
+        compensate: Callable[[D], BaseModel] | type[BaseModel] | None = None,
         compensate_service: str | None = None,
-        when: Condition | None = None,
+        when: Callable[[D], bool] | None = None,
         pivot: bool = False,
         retry: StepRetry | None = None,
         deadline: timedelta | None = None,
@@ -273,11 +295,11 @@ class Saga(Generic[D]):
         name: str,
         *,
         event: str,
-        payload: type[BaseModel],
+        payload: type[R],
         timeout: timedelta | None = None,
-        on_event: ReplyHandler | None = None,
+        on_event: Callable[[D, R], D] | None = None,
         on_timeout: str = COMPENSATE,
-        when: Condition | None = None,
+        when: Callable[[D], bool] | None = None,
     ) -> None:
         """A step that waits for ``event`` (its data validated as ``payload``)."""
         self.steps.append(WaitStep(name, event, payload, timeout, on_event, on_timeout, when))
@@ -330,7 +352,7 @@ class Saga(Generic[D]):
     def service_of(self, step: RemoteStep) -> str:
         if step.service:
             return step.service
-        routes: dict[type[BaseModel], str] = getattr(self.registry, "routes", {}) or {}
+        routes = self.registry.routes if self.registry is not None else {}
         if step.command_type is not None and step.command_type in routes:
             return routes[step.command_type]
         raise ConfigurationError(f"saga {self.name!r}: step {step.name!r} has no route")
@@ -339,18 +361,15 @@ class Saga(Generic[D]):
         self, conn: psycopg.Connection[Any], data: D, *, idempotency_key: str | None = None
     ) -> UUID:
         """Start an instance in the caller's transaction (the saga must be registered)."""
-        started: UUID = self._home().start(conn, self, data, idempotency_key=idempotency_key)
-        return started
+        return self._home().start(conn, self, data, idempotency_key=idempotency_key)
 
     async def start_async(
         self, conn: psycopg.AsyncConnection[Any], data: D, *, idempotency_key: str | None = None
     ) -> UUID:
         """:meth:`start` on an async connection (see ``SagaRegistry.start_async``)."""
-        home = self._home()
-        started: UUID = await home.start_async(conn, self, data, idempotency_key=idempotency_key)
-        return started
+        return await self._home().start_async(conn, self, data, idempotency_key=idempotency_key)
 
-    def _home(self) -> Any:
+    def _home(self) -> SagaHost:
         """The registry this saga is registered with."""
         if self.registry is None:
             raise ConfigurationError(

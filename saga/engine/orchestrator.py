@@ -10,23 +10,30 @@ optimistic ``WHERE version = n``. A lost race raises
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from saga.engine.definition import Saga
-from saga.engine.execution import SagaRun, now
+from saga.engine.batch import SagaBatch
+from saga.engine.definition import LocalAction, Saga
+from saga.engine.home import SagaHome
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.engine.store import AsyncSagaStore, NewSaga, SagaStore
+from saga.engine.transitions import LocalOutcome, Transition
 from saga.errors import (
     ConfigurationError,
     NotCancellable,
     SagaError,
     StaleReply,
+    StepFailed,
     UnknownSaga,
 )
+from saga.faults import fault_point
 from saga.messaging.control import (
     FailureReply,
     ResumeSaga,
@@ -36,26 +43,26 @@ from saga.messaging.control import (
     StepTimer,
     WaitTimeout,
 )
-from saga.messaging.dead_letters import DeadLetterStore
 from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
 from saga.messaging.ids import uuid7
 from saga.observability import tracing
 from saga.observability.metrics import Metrics
 
-if TYPE_CHECKING:
-    from saga.engine.registry import SagaRegistry
-
 logger = logging.getLogger(__name__)
+
+
+#: Looks a saga definition up by name and version (the latest when version is None).
+Definitions = Callable[[str, int | None], Saga[Any]]
 
 
 class Orchestrator:
     """Runs the sagas of one registry against its home database."""
 
-    def __init__(self, registry: SagaRegistry) -> None:
-        self.registry = registry
-        self.store = SagaStore(registry.schema)
+    def __init__(self, home: SagaHome, definitions: Definitions) -> None:
+        self.home = home
+        self.definitions = definitions
+        self.store = home.store
         self.async_store = AsyncSagaStore(self.store)
-        self.dead_letters = DeadLetterStore(registry.schema)
 
     # -- entry points --------------------------------------------------------
 
@@ -76,10 +83,13 @@ class Orchestrator:
             return existing
         record = self.store.load(tx, saga_id)
         assert record is not None
-        with tracing.span(f"saga {saga.name} start", attributes={"saga.id": saga_id}):
-            run = SagaRun(self, tx, saga, record, cause=None)
+        attributes = {tracing.SAGA_ID: saga_id, tracing.SAGA_NAME: saga.name}
+        with (
+            tracing.span(f"saga {saga.name} start", attributes=attributes),
+            self._transition(tx, saga, record, cause=None) as run,
+        ):
             run.advance(0)
-            run.commit()
+            self._apply(tx, run, None)
         return saga_id
 
     async def start_async(
@@ -105,18 +115,23 @@ class Orchestrator:
             if existing is None:  # the other starter rolled back meanwhile: try again
                 return await self.start_async(tx, saga, data, idempotency_key)
             return existing
-        await self.registry.outbox.add_async(tx, kick, destination=self.registry.service_name)
+        await self.home.outbox.add_async(tx, kick, destination=self.home.service_name)
         return saga_id
 
     def on_start(
-        self, tx: psycopg.Connection[Any], request: StartSaga, metrics: Metrics | None = None
+        self,
+        tx: psycopg.Connection[Any],
+        request: StartSaga,
+        metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
     ) -> None:
         """Run the first steps of a saga recorded by :meth:`start_async`."""
-        record = self._load(tx, request.saga_id)
-        run = self._run(tx, record, None, metrics)
-        if run.begin():
-            run.commit()
-        else:
+        record = self._load(tx, request.saga_id, batch)
+        with self._transition(tx, self._definition(record), record, None) as run:
+            begun = run.begin()
+            if begun:
+                self._apply(tx, run, metrics, batch)
+        if not begun:
             logger.debug("saga %s has already begun; start ignored", record.id,
                          extra={"saga_id": str(record.id)})  # fmt: skip
 
@@ -126,17 +141,18 @@ class Orchestrator:
         reply: BaseModel,
         envelope: Envelope,
         metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
     ) -> None:
-        record = self._load_for(tx, envelope.saga_id, envelope)
+        record = self._load_for(tx, envelope.saga_id, envelope, batch)
         if record.pending_message_id is None or record.pending_message_id != envelope.causation_id:
-            self._late_reply(tx, record, reply, envelope, metrics)
+            self._late_reply(tx, record, reply, envelope, metrics, batch)
             return
-        run = self._run(tx, record, envelope, metrics)
-        if isinstance(reply, FailureReply):
-            run.on_failure(reply)
-        else:
-            run.on_success(reply)
-        run.commit()
+        with self._transition(tx, self._definition(record), record, envelope) as run:
+            if isinstance(reply, FailureReply):
+                run.on_failure(reply)
+            else:
+                run.on_success(reply)
+            self._apply(tx, run, metrics, batch)
 
     def on_timer(
         self,
@@ -144,25 +160,30 @@ class Orchestrator:
         timer: StepTimer,
         envelope: Envelope,
         metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
     ) -> None:
-        record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope)
-        run = self._run(tx, record, envelope, metrics)
-        run.on_timer(timer)
-        run.commit()
+        record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope, batch)
+        with self._transition(tx, self._definition(record), record, envelope) as run:
+            run.on_timer(timer)
+            self._apply(tx, run, metrics, batch)
 
     def on_signal(
-        self, tx: psycopg.Connection[Any], signal: Signal, metrics: Metrics | None = None
+        self,
+        tx: psycopg.Connection[Any],
+        signal: Signal,
+        metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
     ) -> None:
-        record = self._load(tx, signal.saga_id)
-        run = self._run(tx, record, None, metrics)
-        try:
-            refused = run.on_signal(signal)
-        except ValidationError as exc:
-            refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
+        record = self._load(tx, signal.saga_id, batch)
+        with self._transition(tx, self._definition(record), record, None) as run:
+            try:
+                refused = run.on_signal(signal)
+            except ValidationError as exc:
+                refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
+            if not refused:
+                self._apply(tx, run, metrics, batch)
         if refused:
-            self._ignored(tx, record, f"signal {signal.event}", refused)
-        else:
-            run.commit()
+            self._ignored(tx, record, f"signal {signal.event}", refused, batch)
 
     def on_wait_timeout(
         self,
@@ -170,15 +191,18 @@ class Orchestrator:
         timeout: WaitTimeout,
         envelope: Envelope,
         metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
     ) -> None:
-        record = self._load(tx, timeout.saga_id)
+        record = self._load(tx, timeout.saga_id, batch)
         if record.pending_message_id != envelope.message_id or record.waiting_for is None:
             # A signal (or an operator) got there first: the timeout loses, and says so.
-            self._ignored(tx, record, timeout.step, "timeout lost the race: the saga moved on")
+            self._ignored(
+                tx, record, timeout.step, "timeout lost the race: the saga moved on", batch
+            )
             return
-        run = self._run(tx, record, envelope, metrics)
-        run.on_wait_timeout()
-        run.commit()
+        with self._transition(tx, self._definition(record), record, envelope) as run:
+            run.on_wait_timeout()
+            self._apply(tx, run, metrics, batch)
 
     def on_deadline(
         self,
@@ -186,14 +210,15 @@ class Orchestrator:
         deadline: StepDeadline,
         envelope: Envelope,
         metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
     ) -> None:
-        record = self._load(tx, deadline.saga_id)
+        record = self._load(tx, deadline.saga_id, batch)
         if record.pending_message_id != deadline.awaited or record.status is not SagaStatus.RUNNING:
             logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
             return
-        run = self._run(tx, record, envelope, metrics)
-        run.on_deadline(deadline)
-        run.commit()
+        with self._transition(tx, self._definition(record), record, envelope) as run:
+            run.on_deadline(deadline)
+            self._apply(tx, run, metrics, batch)
 
     def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
         request_cancel(self.store, tx, saga_id, reason)
@@ -205,13 +230,20 @@ class Orchestrator:
             raise _cancel_refused(saga_id, await self.async_store.load(tx, saga_id))
 
     def on_resume(
-        self, tx: psycopg.Connection[Any], request: ResumeSaga, metrics: Metrics | None = None
+        self,
+        tx: psycopg.Connection[Any],
+        request: ResumeSaga,
+        metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
     ) -> None:
-        record = self.store.load(tx, request.saga_id)
+        record = self._read(tx, request.saga_id, batch)
         if record is None:
             raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
-        run = self._run(tx, record, None, metrics)
-        if run.resume():
+        with self._transition(tx, self._definition(record), record, None) as run:
+            resumed = run.resume()
+            if resumed:
+                self._apply(tx, run, metrics, batch)
+        if resumed:
             logger.warning(
                 "saga %s resumed at step %s (%s): %s",
                 record.id,
@@ -220,7 +252,6 @@ class Orchestrator:
                 request.reason,
                 extra={"saga_id": str(record.id), "step": record.step},
             )
-            run.commit()
         else:
             logger.warning(
                 "saga %s is %s with nothing pending; resume ignored",
@@ -241,35 +272,40 @@ class Orchestrator:
             )
         saga.check_data_size(data)
         dumped = data.model_dump(mode="json")
-        service = self.registry.service_name
+        service = self.home.service_name
         return NewSaga(saga_id, saga.name, saga.version, service, dumped, idempotency_key)
 
-    def _load(self, tx: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord:
-        record = self.store.load(tx, saga_id)
+    def _read(
+        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: SagaBatch | None
+    ) -> SagaRecord | None:
+        """The saga's row: from the batch's read (a copy), or read now."""
+        return batch.record(tx, saga_id) if batch is not None else self.store.load(tx, saga_id)
+
+    def _load(
+        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: SagaBatch | None
+    ) -> SagaRecord:
+        record = self._read(tx, saga_id, batch)
         if record is None:
             raise UnknownSaga(f"no saga {saga_id}")
         return record
 
     def _ignored(
-        self, tx: psycopg.Connection[Any], record: SagaRecord, step: str, reason: str
+        self,
+        tx: psycopg.Connection[Any],
+        record: SagaRecord,
+        step: str,
+        reason: str,
+        batch: SagaBatch | None,
     ) -> None:
         """Record, without touching the saga, an event that arrived too late to matter."""
         moment = now()
-        self.store.log(
-            tx,
-            [
-                StepLogEntry(
-                    record.id,
-                    step,
-                    Phase.FORWARD,
-                    record.step_attempt,
-                    "ignored",
-                    moment,
-                    moment,
-                    reason,
-                )
-            ],
+        entry = StepLogEntry(
+            record.id, step, Phase.FORWARD, record.step_attempt, "ignored", moment, moment, reason
         )
+        if batch is not None:
+            batch.stage_log([entry])
+        else:
+            self.store.log(tx, [entry])
         logger.info("saga %s: %s ignored: %s", record.id, step, reason,
                     extra={"saga_id": str(record.id), "step": step})  # fmt: skip
 
@@ -280,6 +316,7 @@ class Orchestrator:
         reply: BaseModel,
         envelope: Envelope,
         metrics: Metrics | None,
+        batch: SagaBatch | None,
     ) -> None:
         """A reply the saga no longer waits for: undo a late success, record the rest.
 
@@ -289,21 +326,27 @@ class Orchestrator:
         step = envelope.headers.get(STEP_HEADER) or "(reply)"
         is_compensation = COMPENSATES_HEADER in envelope.headers
         if not isinstance(reply, FailureReply) and not is_compensation:
-            run = self._run(tx, record, envelope, metrics)
-            if run.undo_late_success(step, reply):
-                run.commit()
+            with self._transition(tx, self._definition(record), record, envelope) as run:
+                undone = run.undo_late_success(step, reply)
+                if undone:
+                    self._apply(tx, run, metrics, batch)
+            if undone:
                 return
         what = f"{envelope.type} {envelope.message_id}"
         if isinstance(reply, FailureReply):
             what += f" ({reply.code or 'failure'}: {reply.reason})"
-        self._ignored(tx, record, step, f"{what} came after the saga moved on")
+        self._ignored(tx, record, step, f"{what} came after the saga moved on", batch)
 
     def _load_for(
-        self, tx: psycopg.Connection[Any], saga_id: UUID | None, envelope: Envelope
+        self,
+        tx: psycopg.Connection[Any],
+        saga_id: UUID | None,
+        envelope: Envelope,
+        batch: SagaBatch | None,
     ) -> SagaRecord:
         if saga_id is None:
             raise UnknownSaga(f"{envelope.type} {envelope.message_id} carries no saga_id")
-        record = self.store.load(tx, saga_id)
+        record = self._read(tx, saga_id, batch)
         if record is None:
             raise UnknownSaga(
                 f"{envelope.type} {envelope.message_id} is for unknown saga {saga_id}"
@@ -316,8 +359,9 @@ class Orchestrator:
         saga_id: UUID | None,
         awaited: UUID | None,
         envelope: Envelope,
+        batch: SagaBatch | None,
     ) -> SagaRecord:
-        record = self._load_for(tx, saga_id, envelope)
+        record = self._load_for(tx, saga_id, envelope, batch)
         if record.pending_message_id is None or record.pending_message_id != awaited:
             raise StaleReply(
                 f"saga {saga_id} ({record.status}, step {record.step!r}) is not waiting for "
@@ -325,16 +369,95 @@ class Orchestrator:
             )
         return record
 
-    def _run(
+    def _definition(self, record: SagaRecord) -> Saga[Any]:
+        """The definition ``record`` runs under (its name and version)."""
+        return self.definitions(record.name, record.saga_version)
+
+    @contextmanager
+    def _transition(
         self,
         tx: psycopg.Connection[Any],
+        saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
+    ) -> Iterator[Transition]:
+        """A transition of ``record`` now; the local steps it runs are undone if it fails."""
+        steps = SavepointSteps(tx)
+        try:
+            yield Transition(
+                saga,
+                record,
+                cause=cause,
+                at=now(),
+                home_service=self.home.service_name,
+                local_steps=steps,
+            )
+        except BaseException as exc:
+            steps.undo(exc)
+            raise
+        steps.keep()
+
+    def _apply(
+        self,
+        tx: psycopg.Connection[Any],
+        transition: Transition,
         metrics: Metrics | None,
-    ) -> SagaRun:
-        """A run of ``record`` under the definition of its name and version."""
-        saga = self.registry.definition(record.name, record.saga_version)
-        return SagaRun(self, tx, saga, record, cause=cause, metrics=metrics)
+        batch: SagaBatch | None = None,
+    ) -> None:
+        """Write (or, in a batch, stage) what ``transition`` decided; count ended sagas."""
+        result = transition.result()
+        if batch is not None:
+            batch.stage(result, transition.saga.name, metrics)
+            return
+        self.home.persist(tx, result.record, result.log, result.outgoing, result.dead_letters)
+        if metrics is not None and result.ended is not None:
+            metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SavepointSteps:
+    """Runs local steps on the orchestrator's transaction, each in its own savepoint.
+
+    The first local step also opens a savepoint around all of them: a transition that
+    fails after a local step succeeded undoes that step's writes with it (a batch of
+    the orchestrator's deliveries has no savepoint per delivery). A transition that
+    runs no local step issues no statement here.
+    """
+
+    def __init__(self, tx: psycopg.Connection[Any]) -> None:
+        self.tx = tx
+        self._all: ExitStack | None = None
+
+    def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
+        if self._all is None:
+            self._all = ExitStack()
+            self._all.enter_context(self.tx.transaction())
+        started = now()
+        try:
+            with self.tx.transaction():
+                if compensation:
+                    fault_point("orchestrator.in_compensation")
+                result = action(self.tx, data)
+        except StepFailed as failure:
+            return LocalOutcome(None, failure, started, now())
+        except Exception as exc:
+            if not compensation:
+                raise
+            return LocalOutcome(None, exc, started, now())
+        return LocalOutcome(result, None, started, now())
+
+    def keep(self) -> None:
+        """The transition went through: its local steps' writes stay."""
+        if self._all is not None:
+            self._all.close()
+
+    def undo(self, error: BaseException) -> None:
+        """The transition failed: roll its local steps' writes back."""
+        if self._all is not None and not self.tx.broken:
+            self._all.__exit__(type(error), error, error.__traceback__)
 
 
 def request_cancel(

@@ -16,9 +16,10 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from saga.db.sql import validate_name, validate_schema
 from saga.engine import signals
+from saga.engine.batch import SagaBatch, SagaBatches
 from saga.engine.definition import RemoteStep, Saga, WaitStep
+from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
 from saga.engine.state import Phase, SagaRecord, StepLogEntry
 from saga.errors import ConfigurationError, SignalRejected
@@ -65,11 +66,12 @@ class SagaRegistry:
         retry: RetryPolicy | None = None,
         outbox: Outbox | None = None,
     ) -> None:
-        self.service_name = validate_name(service, "service name")
-        self.schema = validate_schema(schema)
+        self.home = SagaHome(service, schema, outbox)
+        self.service_name = self.home.service_name
+        self.schema = self.home.schema
         self.routes = dict(routes or {})
         self.retry = retry or RetryPolicy()
-        self.outbox = outbox or Outbox(self.schema)
+        self.outbox = self.home.outbox
         self._sagas: dict[str, dict[int, Saga[Any]]] = {}
         self._internal: dict[type[BaseModel], Handler] = {
             StepTimer: self._on_timer,
@@ -81,7 +83,7 @@ class SagaRegistry:
         }
         built_in: list[type[BaseModel]] = [Ack, FailureReply, *self._internal]
         self._reply_types: dict[str, type[BaseModel]] = {message_type_of(m): m for m in built_in}
-        self.orchestrator: Orchestrator = Orchestrator(self)
+        self.orchestrator: Orchestrator = Orchestrator(self.home, self.definition)
         self._service: Service | None = None
 
     def __repr__(self) -> str:
@@ -296,37 +298,43 @@ class SagaRegistry:
                 handler = self._internal.get(message_class, self._on_reply)
                 service.add_handler(message_class, handler)
             service.on_connect(self.check_versions)
+            service.batch_writing = SagaBatches(self.home)
             self._service = service
         return self._service
 
     def _on_reply(self, tx: psycopg.Connection[Any], reply: BaseModel, ctx: HandlerContext) -> None:
-        self.orchestrator.on_reply(tx, reply, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_reply(tx, reply, ctx.envelope, ctx.metrics, _batch(ctx))
 
     def _on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, ctx: HandlerContext) -> None:
-        self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics, _batch(ctx))
 
     def _on_start(
         self, tx: psycopg.Connection[Any], request: StartSaga, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_start(tx, request, ctx.metrics)
+        self.orchestrator.on_start(tx, request, ctx.metrics, _batch(ctx))
 
     def _on_resume(
         self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_resume(tx, request, ctx.metrics)
+        self.orchestrator.on_resume(tx, request, ctx.metrics, _batch(ctx))
 
     def _on_signal(self, tx: psycopg.Connection[Any], signal: Signal, ctx: HandlerContext) -> None:
-        self.orchestrator.on_signal(tx, signal, ctx.metrics)
+        self.orchestrator.on_signal(tx, signal, ctx.metrics, _batch(ctx))
 
     def _on_wait_timeout(
         self, tx: psycopg.Connection[Any], timeout: WaitTimeout, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_wait_timeout(tx, timeout, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_wait_timeout(tx, timeout, ctx.envelope, ctx.metrics, _batch(ctx))
 
     def _on_deadline(
         self, tx: psycopg.Connection[Any], deadline: StepDeadline, ctx: HandlerContext
     ) -> None:
-        self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics)
+        self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics, _batch(ctx))
+
+
+def _batch(ctx: HandlerContext) -> SagaBatch | None:
+    """The orchestrator's staged writes for the batch ``ctx`` belongs to, if any."""
+    return ctx.batch if isinstance(ctx.batch, SagaBatch) else None
 
 
 def _migrated_entries(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 
 from saga.db.sql import render
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
+from saga.errors import ConcurrentUpdate
 
 _COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
@@ -39,6 +40,36 @@ UPDATE {schema}.saga_instances SET
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
 RETURNING version
+"""
+
+_LOAD_MANY = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = ANY(%s)"
+
+#: Every saga a batch changed, in one statement: the rows travel as one JSON array.
+_UPDATE_MANY = """
+UPDATE {schema}.saga_instances AS s SET
+    status = v.status, step = v.step, data = v.data, completed_steps = v.completed_steps,
+    pending_message_id = v.pending_message_id, step_attempt = v.step_attempt,
+    cancel_requested = v.cancel_requested, pivot_reached = v.pivot_reached,
+    last_error = v.last_error, step_started_at = v.step_started_at,
+    waiting_for = v.waiting_for, wait_schema = v.wait_schema, wait_deadline = v.wait_deadline,
+    finished_at = CASE WHEN v.ended THEN coalesce(s.finished_at, now()) ELSE NULL END,
+    updated_at = now(), version = s.version + 1
+FROM jsonb_to_recordset(%s) AS v(
+    id uuid, version bigint, status text, step text, data jsonb, completed_steps text[],
+    pending_message_id uuid, step_attempt int, cancel_requested boolean, pivot_reached boolean,
+    last_error text, step_started_at timestamptz, waiting_for text, wait_schema jsonb,
+    wait_deadline timestamptz, ended boolean)
+WHERE s.id = v.id AND s.version = v.version
+RETURNING s.id
+"""
+
+_LOG_MANY = """
+INSERT INTO {schema}.saga_steps
+    (saga_id, step, phase, attempt, outcome, started_at, finished_at, error, message_id)
+SELECT saga_id, step, phase, attempt, outcome, started_at, finished_at, error, message_id
+FROM jsonb_to_recordset(%s) AS v(
+    saga_id uuid, step text, phase text, attempt int, outcome text, started_at timestamptz,
+    finished_at timestamptz, error text, message_id uuid)
 """
 
 _LOG = """
@@ -130,10 +161,6 @@ class NewSaga:
         )
 
 
-class ConcurrentUpdate(Exception):
-    """Another transaction changed the saga first; the handler is retried."""
-
-
 class SagaStore:
     """Statements on one schema's saga tables, on the caller's connection."""
 
@@ -143,7 +170,10 @@ class SagaStore:
         self._by_key = render(_BY_KEY, schema)
         self._load = render(_LOAD, schema)
         self._update = render(_UPDATE, schema)
+        self._load_many = render(_LOAD_MANY, schema)
+        self._update_many = render(_UPDATE_MANY, schema)
         self._log = render(_LOG, schema)
+        self._log_many = render(_LOG_MANY, schema)
         self._timeline = render(_TIMELINE, schema)
         self._statuses = render(_STATUSES, schema)
         self._request_cancel = render(_REQUEST_CANCEL, schema)
@@ -167,6 +197,29 @@ class SagaStore:
     def load(self, conn: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord | None:
         row = conn.execute(self._load, (saga_id,), prepare=True).fetchone()
         return None if row is None else _record(row)
+
+    def load_many(
+        self, conn: psycopg.Connection[Any], saga_ids: Sequence[UUID]
+    ) -> dict[UUID, SagaRecord]:
+        """The sagas among ``saga_ids`` that exist, by id, in one statement."""
+        rows = conn.execute(self._load_many, (list(saga_ids),), prepare=True).fetchall()
+        return {row[0]: _record(row) for row in rows}
+
+    def save_many(self, conn: psycopg.Connection[Any], records: Sequence[SagaRecord]) -> None:
+        """Write every record in one statement, each only if unchanged since it was read.
+
+        Raises :class:`ConcurrentUpdate` naming the sagas that changed meanwhile (then
+        nothing of this batch may be committed: the caller rolls back).
+        """
+        if not records:
+            return
+        rows = [_row_document(record) for record in records]
+        saved = {row[0] for row in conn.execute(self._update_many, (Jsonb(rows),), prepare=True)}
+        changed = [str(record.id) for record in records if record.id not in saved]
+        if changed:
+            raise ConcurrentUpdate(f"sagas changed meanwhile: {', '.join(changed)}")
+        for record in records:
+            record.version += 1
 
     def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
         """Write ``record`` if nobody changed it since it was read; bump its version."""
@@ -236,27 +289,14 @@ class SagaStore:
         return conn.execute(self._migrate_batch, {**params, "limit": limit}).fetchall()
 
     def log(self, conn: psycopg.Connection[Any], entries: Sequence[StepLogEntry]) -> None:
-        if not entries:
-            return
-        params = [
-            (
-                e.saga_id,
-                e.step,
-                e.phase.value,
-                e.attempt,
-                e.outcome,
-                e.started_at,
-                e.finished_at,
-                e.error,
-                e.message_id,
-            )
-            for e in entries
-        ]
-        with conn.cursor() as cur:
-            if len(params) == 1:  # the usual case: a plain prepared statement is cheapest
-                cur.execute(self._log, params[0], prepare=True)
-            else:
-                cur.executemany(self._log, params)
+        """Append ``entries`` to the step log in one statement."""
+        if len(entries) == 1:  # the usual case: a plain prepared insert is cheapest
+            e = entries[0]
+            params = (e.saga_id, e.step, e.phase.value, e.attempt, e.outcome, e.started_at,
+                      e.finished_at, e.error, e.message_id)  # fmt: skip
+            conn.execute(self._log, params, prepare=True)
+        elif entries:
+            conn.execute(self._log_many, (Jsonb([_log_document(e) for e in entries]),))
 
     def statuses(
         self, conn: psycopg.Connection[Any], saga_ids: Sequence[UUID]
@@ -359,3 +399,46 @@ def _record(row: Sequence[Any]) -> SagaRecord:
         wait_schema=row[20],
         wait_deadline=row[21],
     )
+
+
+def _row_document(record: SagaRecord) -> dict[str, Any]:
+    """``record`` as one element of the JSON array :meth:`SagaStore.save_many` sends."""
+    return {
+        "id": str(record.id),
+        "version": record.version,
+        "status": record.status.value,
+        "step": record.step,
+        "data": record.data,
+        "completed_steps": record.completed_steps,
+        "pending_message_id": _text(record.pending_message_id),
+        "step_attempt": record.step_attempt,
+        "cancel_requested": record.cancel_requested,
+        "pivot_reached": record.pivot_reached,
+        "last_error": record.last_error,
+        "step_started_at": _text(record.step_started_at),
+        "waiting_for": record.waiting_for,
+        "wait_schema": record.wait_schema,
+        "wait_deadline": _text(record.wait_deadline),
+        "ended": record.status.finished or record.status.needs_operator,
+    }
+
+
+def _log_document(entry: StepLogEntry) -> dict[str, Any]:
+    """``entry`` as one element of the JSON array a multi-row step-log insert sends."""
+    return {
+        "saga_id": str(entry.saga_id),
+        "step": entry.step,
+        "phase": entry.phase.value,
+        "attempt": entry.attempt,
+        "outcome": entry.outcome,
+        "started_at": entry.started_at.isoformat(),
+        "finished_at": entry.finished_at.isoformat(),
+        "error": entry.error,
+        "message_id": _text(entry.message_id),
+    }
+
+
+def _text(value: UUID | datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat() if isinstance(value, datetime) else str(value)

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from saga.effects.side_effects import SideEffects
 from saga.errors import ConfigurationError
+from saga.handlers.batching import BatchScope
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
@@ -32,12 +33,18 @@ class HandlerContext:
         service: str,
         metrics: Metrics | None = None,
         effects: SideEffects | None = None,
+        batch: BatchScope | None = None,
     ) -> None:
         self.envelope = envelope
+        #: The service's staged writes for this batch (services that write batches at once).
+        self.batch = batch
         self.service = service
         self.metrics = metrics
         self._effects = effects
         self.outgoing: list[OutgoingMessage] = []
+        #: The messages of :attr:`outgoing` sent with :meth:`reply`: kept with the inbox row,
+        #: they answer a duplicate of this delivery again.
+        self.replies: list[OutgoingMessage] = []
 
     def __repr__(self) -> str:
         return (
@@ -124,4 +131,6 @@ class HandlerContext:
             for name in (STEP_HEADER, COMPENSATES_HEADER)
             if (value := self.envelope.headers.get(name)) is not None
         }
-        return self.send(message, to=self.envelope.reply_to, headers=headers)
+        message_id = self.send(message, to=self.envelope.reply_to, headers=headers)
+        self.replies.append(self.outgoing[-1])
+        return message_id

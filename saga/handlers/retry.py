@@ -23,15 +23,7 @@ from tenacity import (
     wait_random,
 )
 
-from saga.errors import ConfigurationError, StepFailed
-
-
-class BatchConflict(Exception):
-    """A lock conflict (deadlock, serialization failure) inside a batch of deliveries.
-
-    Retrying it inside the batch would keep every lock the batch holds; the
-    whole batch is rolled back instead and its deliveries handled one by one.
-    """
+from saga.errors import BatchConflict, ConfigurationError, StepFailed
 
 
 @dataclass(frozen=True, slots=True)

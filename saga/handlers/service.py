@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from saga.db.sql import validate_name
 from saga.errors import ConfigurationError
+from saga.handlers.batching import BatchWriting
 from saga.handlers.retry import RetryPolicy
 from saga.messaging.envelope import message_type_of
 
@@ -52,6 +53,8 @@ class Service:
         self.retry = retry or RetryPolicy()
         self._handlers: dict[str, HandlerSpec] = {}
         self.connect_hooks: list[Callable[[psycopg.Connection[Any]], None]] = []
+        #: Set by a service that stages a batch's writes and writes them at once.
+        self.batch_writing: BatchWriting | None = None
 
     def __repr__(self) -> str:
         return f"Service({self.name!r}, handlers={sorted(self._handlers)})"

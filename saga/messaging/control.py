@@ -1,4 +1,4 @@
-"""Framework messages that travel between services."""
+"""Control messages between services: replies, retry timers, deadlines, signals, resumes."""
 
 from __future__ import annotations
 

@@ -34,7 +34,22 @@ VALUES (%s, %s, %s, %s, %s, COALESCE(%s::timestamptz, now() + %s::interval))
 RETURNING id
 """
 
+#: Many rows in one statement: each column travels as one array.
+_INSERT_MANY = """
+INSERT INTO {schema}.outbox
+    (message_id, destination, message_type, saga_id, body, deliver_after)
+SELECT message_id, destination, message_type, saga_id, body,
+       COALESCE(deliver_at, now() + delay)
+FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::uuid[], %s::bytea[], %s::timestamptz[],
+            %s::interval[]) AS v(message_id, destination, message_type, saga_id, body, deliver_at,
+                                 delay)
+RETURNING id
+"""
+
 _WAKE = "SELECT pg_notify(%s, '')"
+
+#: One outbox row's values, in the order of the insert statements.
+OutboxRow = tuple[Any, ...]
 
 Delay = datetime | timedelta | None
 
@@ -95,6 +110,7 @@ class Outbox:
         self.max_message_bytes = max_message_bytes
         self.wake_interval = wake_interval
         self._insert = render(_INSERT, self.schema)
+        self._insert_many = render(_INSERT_MANY, self.schema)
         self._channel = wake_channel(self.schema)
         self._last_wake = 0.0
         self._wake_lock = threading.Lock()
@@ -162,48 +178,41 @@ class Outbox:
     def add_many(
         self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]
     ) -> list[int]:
-        """Insert several messages in one round trip (same rules as :meth:`add`).
+        """Insert several messages in one statement (same rules as :meth:`add`).
 
         Returns the outbox row ids (see :func:`collect_written`).
         """
-        if not messages:
+        return self.insert_rows(conn, self.rows(messages))
+
+    def rows(self, messages: Sequence[OutgoingMessage]) -> list[OutboxRow]:
+        """The outbox rows of ``messages``, checked (destination, size) but not written yet."""
+        return [self._params(m) for m in messages]
+
+    def insert_rows(self, conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> list[int]:
+        """Insert rows made by :meth:`rows` in one statement; return their ids."""
+        if not rows:
             return []
-        params = [self._params(m) for m in messages]
-        ids: list[int] = []
-        with conn.cursor() as cur:
-            if len(params) == 1:
-                cur.execute(self._insert, params[0], prepare=True)
-                ids.extend(row[0] for row in cur.fetchall())
-            else:
-                cur.executemany(self._insert, params, returning=True)
-                while True:
-                    ids.extend(row[0] for row in cur.fetchall())
-                    if not cur.nextset():
-                        break
-            if self._written(ids):
-                cur.execute(_WAKE, (self._channel,))
+        ids = [row[0] for row in conn.execute(*self._statement(rows), prepare=True)]
+        self.written(conn, ids)
         return ids
+
+    def written(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
+        """Announce outbox rows just written on ``conn`` by other means than :meth:`add`:
+        gathered for :func:`collect_written`, or else a (debounced) wake-up for relays."""
+        if self._wake_due(ids):
+            conn.execute(_WAKE, (self._channel,))
 
     async def add_many_async(
         self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]
     ) -> list[int]:
-        """:meth:`add_many` on an :class:`psycopg.AsyncConnection`."""
-        if not messages:
+        """:meth:`add_many` on an :class:`psycopg.AsyncConnection`: the same statements."""
+        rows = self.rows(messages)
+        if not rows:
             return []
-        params = [self._params(m) for m in messages]
-        ids: list[int] = []
-        async with conn.cursor() as cur:
-            if len(params) == 1:
-                await cur.execute(self._insert, params[0], prepare=True)
-                ids.extend(row[0] for row in await cur.fetchall())
-            else:
-                await cur.executemany(self._insert, params, returning=True)
-                while True:
-                    ids.extend(row[0] for row in await cur.fetchall())
-                    if not cur.nextset():
-                        break
-            if self._written(ids):
-                await cur.execute(_WAKE, (self._channel,))
+        cur = await conn.execute(*self._statement(rows), prepare=True)
+        ids = [row[0] for row in await cur.fetchall()]
+        if self._wake_due(ids):
+            await conn.execute(_WAKE, (self._channel,))
         return ids
 
     def _outgoing(
@@ -218,15 +227,24 @@ class Outbox:
         )
         return OutgoingMessage(envelope, destination, deliver_after)
 
-    def _written(self, ids: list[int]) -> bool:
+    def _statement(self, rows: Sequence[OutboxRow]) -> tuple[str, Sequence[Any]]:
+        """The insert for ``rows``: a plain prepared one for a single row (the usual case
+        for an app's write), else one multi-row statement with a column per array."""
+        if len(rows) == 1:
+            return self._insert, rows[0]
+        return self._insert_many, [list(column) for column in zip(*rows, strict=True)]
+
+    def _wake_due(self, ids: Sequence[int]) -> bool:
         """Hand ``ids`` to :func:`collect_written`, or say whether to wake the relays now."""
+        if not ids:
+            return False
         collector = _collected.get()
         if collector is not None:
             collector.extend(ids)
             return False
         return self._should_wake()
 
-    def _params(self, message: OutgoingMessage) -> tuple[Any, ...]:
+    def _params(self, message: OutgoingMessage) -> OutboxRow:
         destination = validate_name(message.destination, "destination")
         body = message.envelope.to_bytes()
         if len(body) > self.max_message_bytes:

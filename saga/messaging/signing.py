@@ -19,19 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saga.db.sql import validate_name
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, SignatureRejected
 
 KEY_HEADER = "signature_key"
 SIGNATURE_HEADER = "signature"
-
-
-class SignatureRejected(Exception):
-    """A delivery whose signature is missing, unknown or wrong (``error_type`` says which)."""
-
-    def __init__(self, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.error_type = error_type
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,15 @@ OpenTelemetry is optional: without ``opentelemetry-api`` installed (or with
 no SDK configured, so no span is recording) every function here does nothing.
 The W3C ``traceparent`` (and ``tracestate``) travel in the envelope headers:
 written when a message is created, restored around each handler.
+
+Span attributes use OpenTelemetry's messaging semantic conventions where they
+name the thing, and ``saga.*`` for the rest (docs/operations.md, "Tracing").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
 
 try:
     from opentelemetry import propagate, trace
@@ -19,6 +21,19 @@ except ImportError:  # pragma: no cover - exercised where OpenTelemetry is absen
     trace = None  # type: ignore[assignment]
 
 TRACEPARENT = "traceparent"
+
+#: Span attribute names, in one place so every span spells them alike.
+SAGA_ID = "saga.id"
+SAGA_NAME = "saga.name"
+SAGA_STEP = "saga.step"
+MESSAGE_TYPE = "saga.message.type"  # no semantic convention names a message's type
+MESSAGE_ID = "messaging.message.id"
+CONVERSATION_ID = "messaging.message.conversation_id"  # the envelope's correlation id
+DESTINATION = "messaging.destination.name"
+CONSUMER_GROUP = "messaging.consumer.group.name"
+OPERATION_TYPE = "messaging.operation.type"
+
+AttributeValue = str | bool | int | float
 
 
 def available() -> bool:
@@ -33,18 +48,29 @@ def inject(headers: dict[str, str]) -> None:
 
 @contextmanager
 def span(
-    name: str, *, headers: Mapping[str, str] | None = None, **attributes: Any
+    name: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    attributes: Mapping[str, object] | None = None,
 ) -> Iterator[None]:
-    """A span named ``name``; its parent comes from ``headers`` when they carry one."""
+    """A span named ``name``; its parent comes from ``headers`` when they carry one.
+
+    ``attributes`` are set on the span: None values are left out, values other than
+    str, bool, int and float (a UUID) are written as strings.
+    """
     if trace is None or propagate is None:
         yield
         return
     parent = propagate.extract(dict(headers)) if headers else None
     kind = trace.SpanKind.CONSUMER if headers is not None else trace.SpanKind.INTERNAL
     tracer = trace.get_tracer("saga")
-    clean = {k: str(v) for k, v in (attributes or {}).items() if v is not None}
+    clean = {k: _value(v) for k, v in (attributes or {}).items() if v is not None}
     with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=clean):
         yield
+
+
+def _value(value: object) -> AttributeValue:
+    return value if isinstance(value, str | bool | int | float) else str(value)
 
 
 def trace_id(headers: Mapping[str, str]) -> str | None:

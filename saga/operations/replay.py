@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from pydantic import ValidationError
 
+from saga.errors import NotReplayable
 from saga.handlers.closed_steps import ClosedSteps
 from saga.messaging.control import PURGED, FailureReply
 from saga.messaging.dead_letters import DeadLetterRow, DeadLetterStore
@@ -31,10 +32,6 @@ from saga.messaging.envelope import ATTEMPT_HEADER, STEP_HEADER, Envelope
 from saga.messaging.outbox import Outbox, OutgoingMessage
 
 REPLAYED_FROM_HEADER = "replayed_from"
-
-
-class NotReplayable(Exception):
-    """This letter cannot be sent again (its body is not a message envelope, or it was purged)."""
 
 
 @dataclass(slots=True)

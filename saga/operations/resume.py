@@ -4,8 +4,9 @@ A resume is a :class:`~saga.messaging.control.ResumeSaga` message to the saga's 
 service, written to the outbox in the operator's transaction. The orchestrator
 then tries again what stopped the saga; a saga stuck waiting on a reply gets
 its pending command sent again under the same message id, so a participant
-that did handle it (its message was not lost after all) skips it, and one that
-never saw it handles it now. Bulk resume is how an operator recovers sagas
+that did handle it does not handle it twice but answers it again with the reply
+it sent then (its reply may be what was lost), and one that never saw it
+handles it now. Bulk resume is how an operator recovers sagas
 whose messages a broker lost (a Redis restart without persistence).
 """
 
@@ -21,7 +22,7 @@ import psycopg
 
 from saga.db.sql import render
 from saga.engine.store import SagaStore
-from saga.errors import SagaError, UnknownSaga
+from saga.errors import NotResumable, UnknownSaga
 from saga.messaging.control import ResumeSaga
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterStore
 from saga.messaging.outbox import Outbox
@@ -41,10 +42,6 @@ LIMIT %(limit)s
 
 #: Resumes written per transaction by :meth:`SagaResumer.resume_stuck`.
 BATCH = 200
-
-
-class NotResumable(SagaError):
-    """The saga is finished, or still making progress."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Retention: deleting what is no longer needed, in small batches off the hot path.
 
-- inbox rows and closed-step records older than the deduplication window,
+- inbox rows, the replies kept with them and closed-step records older than the
+  deduplication window,
 - finished sagas (completed or compensated) and their step logs,
 - dead letters already replayed or purged,
 - replay history,
@@ -26,6 +27,12 @@ from saga.errors import ConfigurationError
 _INBOX = """
 DELETE FROM {schema}.inbox WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM {schema}.inbox WHERE received_at < now() - %s::interval LIMIT %s
+))
+"""
+
+_INBOX_REPLIES = """
+DELETE FROM {schema}.inbox_replies WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {schema}.inbox_replies WHERE sent_at < now() - %s::interval LIMIT %s
 ))
 """
 
@@ -70,6 +77,8 @@ DELETE FROM {schema}.claim_checks WHERE id IN (
 
 _COUNTS = {
     "inbox": "SELECT count(*) FROM {schema}.inbox WHERE received_at < now() - %s::interval",
+    "inbox_replies": "SELECT count(*) FROM {schema}.inbox_replies "
+    "WHERE sent_at < now() - %s::interval",
     "closed_steps": "SELECT count(*) FROM {schema}.closed_steps "
     "WHERE closed_at < now() - %s::interval",
     "sagas": "SELECT count(*) FROM {schema}.saga_instances WHERE status IN "
@@ -126,6 +135,7 @@ class Pruner:
         p = self.policy
         self._jobs: list[tuple[str, str, timedelta]] = [
             ("inbox", render(_INBOX, schema), p.dedup_window),
+            ("inbox_replies", render(_INBOX_REPLIES, schema), p.dedup_window),
             ("closed_steps", render(_CLOSED_STEPS, schema), p.dedup_window),
             ("sagas", render(_SAGAS, schema), p.saga_retention),
             ("dead_letters", render(_DEAD_LETTERS, schema), p.dead_letter_retention),

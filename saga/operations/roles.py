@@ -5,7 +5,8 @@ Three group roles (NOLOGIN; grant them to your login roles):
 - ``<prefix>_relay``: reads, defers and deletes outbox rows, and quarantines the
   ones it cannot publish. Nothing else: not the inbox, not any business table.
 - ``<prefix>_service``: what a consumer service and app code need: inbox
-  (delete too: a message retried later or dead-lettered gives its row back),
+  (delete too: a message retried later or dead-lettered gives its row back) and
+  the replies kept with it,
   outbox (a consumer publishes the rows it wrote right after committing, as a
   relay would), dead letters (insert), sagas, step log, claim checks,
   guarded side effects, closed steps. Grant it your own business tables as well.
@@ -22,6 +23,7 @@ from saga.db.sql import validate_schema
 _TABLES = (
     "outbox",
     "inbox",
+    "inbox_replies",
     "dead_letters",
     "dead_letter_replays",
     "saga_instances",
@@ -45,6 +47,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("SELECT, UPDATE, DELETE", "outbox", relay),
         ("INSERT", "dead_letters", relay),
         ("SELECT, INSERT, DELETE", "inbox", service),
+        ("SELECT, INSERT", "inbox_replies", service),
         # RETURNING reads, FOR UPDATE SKIP LOCKED needs UPDATE: publishing its own rows
         ("SELECT, INSERT, UPDATE, DELETE", "outbox", service),
         ("SELECT, INSERT", "dead_letters", service),
@@ -63,6 +66,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("UPDATE, DELETE", "saga_instances", operator),
         ("DELETE", "saga_steps", operator),
         ("DELETE", "inbox", operator),
+        ("DELETE", "inbox_replies", operator),
         ("DELETE", "claim_checks", operator),
         ("DELETE", "closed_steps", operator),
     ]

@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from examples.order_saga.processes import REPO
-from saga.effects.locks import FencedLock, LockLost, LockTimeout
+from saga.effects.locks import FencedLock
+from saga.errors import LockLost, LockTimeout
 from tests.support.databases import TestDatabase
 from tests.support.lock_holder import FENCED_WRITE
 from tests.support.wait import wait_until

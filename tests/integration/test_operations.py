@@ -292,11 +292,19 @@ def test_prune_keeps_the_dedup_window(db: TestDatabase, rabbit: TestBroker) -> N
         "INSERT INTO saga.inbox (consumer, message_id, received_at) "
         "SELECT 'old', gen_random_uuid(), now() - interval '40 days' FROM generate_series(1, 1200)"
     )
+    db.execute(
+        "INSERT INTO saga.inbox_replies (consumer, message_id, reply_id, destination, "
+        "message_type, body, sent_at) SELECT 'old', gen_random_uuid(), gen_random_uuid(), 'x', "
+        "'Pong', '{}', now() - interval '40 days' FROM generate_series(1, 700)"
+    )
     pruner = Pruner("saga", RetentionPolicy(batch_size=500))
     with db.connect(autocommit=False) as conn:
         assert pruner.count(conn).deleted["inbox"] == 1200
+        assert pruner.count(conn).deleted["inbox_replies"] == 700
         report = pruner.prune(conn)
     assert report.deleted["inbox"] == 1200
+    assert report.deleted["inbox_replies"] == 700
+    assert count(db, "SELECT count(*) FROM saga.inbox_replies") == 0
     assert count(db, "SELECT count(*) FROM saga.inbox") == 1
     with running_service(service, db, rabbit) as runner:
         rabbit.publish_raw(service.name, recent.to_bytes(), JSON)  # a late duplicate

@@ -77,6 +77,9 @@ def test_consumer_runs_under_the_service_role(
         wait_until(lambda: sum(runner.counts.values()) == 3, what="handled under the role")
         assert runner.counts[Outcome.RETRY_SCHEDULED] == 1
         (reply,) = rabbit.receive("requester", 1)  # published by the consumer, under the role
+        rabbit.publish_raw(service.name, request.to_bytes(), "application/json")  # a duplicate
+        (again,) = rabbit.receive("requester", 1)  # answered again with the kept reply
+        assert again.body == reply.body
     assert Envelope.from_bytes(reply.body).causation_id == request.message_id
     assert db.scalar("SELECT count(*) FROM effects") == 1
     assert db.scalar("SELECT count(*) FROM saga.dead_letters") == 1

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from examples.order_saga.gateway import GatewayClient, GatewayServer
-from saga.effects.side_effects import LeaseLost, SideEffectFailed, SideEffects
+from saga.effects.side_effects import SideEffects
+from saga.errors import LeaseLost, SideEffectFailed
 from tests.support.databases import TestDatabase
 
 

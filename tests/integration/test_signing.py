@@ -8,9 +8,9 @@ import pytest
 
 from consumers import Outcome
 from saga import Outbox
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, SignatureRejected
 from saga.messaging.envelope import Envelope
-from saga.messaging.signing import KEY_HEADER, SIGNATURE_HEADER, KeyRing, SignatureRejected
+from saga.messaging.signing import KEY_HEADER, SIGNATURE_HEADER, KeyRing
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service

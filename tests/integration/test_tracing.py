@@ -1,24 +1,51 @@
-"""Trace context travels in envelopes: one trace id across a whole example saga."""
+"""Tracing on the real path: one trace per saga, its spans named and attributed.
+
+The order-saga example runs as it does in production, only in threads of this
+process: a relay per service publishes outbox rows to RabbitMQ, a consumer per
+service takes them from there. An OpenTelemetry SDK records every span.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from uuid import UUID
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from examples.order_saga import driver
-from examples.order_saga.cluster import TARGETS, Cluster
-from saga.observability.tracing import trace_id
+from examples.order_saga.cluster import Cluster
+from examples.order_saga.orders import create_order
+from saga.observability import tracing
 from tests.support.brokers import TestBroker
-from tests.support.databases import DatabaseFactory
-from tests.support.example_cluster import gateway_running, make_cluster
-from tests.support.pump import Pump, services_of
+from tests.support.example_cluster import services_in_threads
+from tests.support.wait import wait_until
 
 EXPORTER = InMemorySpanExporter()
+
+#: (span name, saga.step) from the saga's start to its end, each span the parent of the next.
+COMPLETED = [
+    ("saga create_order start", None),
+    ("inventory handle ReserveStock", "reserve_stock"),
+    ("orders handle StockReserved", "reserve_stock"),
+    ("customers handle ReserveCredit", "reserve_credit"),
+    ("orders handle CreditReserved", "reserve_credit"),
+    ("payments handle ChargeCard", "charge_payment"),
+    ("orders handle CardCharged", "charge_payment"),
+    ("inventory handle ScheduleShipment", "schedule_shipment"),
+    ("orders handle ShipmentScheduled", "schedule_shipment"),
+]
+DECLINED = [
+    *COMPLETED[:6],
+    ("orders handle saga.FailureReply", "charge_payment"),
+    ("customers handle ReleaseCredit", "reserve_credit"),
+    ("orders handle saga.Ack", "reserve_credit"),
+    ("inventory handle ReleaseStock", "reserve_stock"),
+    ("orders handle saga.Ack", "reserve_stock"),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -29,36 +56,70 @@ def _sdk() -> None:
 
 
 @pytest.fixture
-def order_system(database_factory: DatabaseFactory) -> Iterator[Cluster]:
-    system, names = make_cluster(database_factory, TestBroker("memory://", "memory"))
-    with gateway_running(system):
-        yield system
-    for name in names:
-        database_factory.drop(name)
+def running(order_system: Cluster, rabbit: TestBroker) -> Iterator[Cluster]:
+    with services_in_threads(order_system, rabbit):
+        yield order_system
 
 
-def test_one_trace_id_in_every_envelope_of_a_saga(order_system: Cluster) -> None:
+@pytest.mark.parametrize(
+    ("payment_failure", "status", "expected"),
+    [(0.0, "completed", COMPLETED), (1.0, "compensated", DECLINED)],
+    ids=["completed", "card-declined"],
+)
+def test_a_saga_is_one_trace_of_attributed_spans(
+    running: Cluster, payment_failure: float, status: str, expected: list[tuple[str, str | None]]
+) -> None:
     EXPORTER.clear()
-    (order,) = driver.make_orders(1, driver.FailureRates(0, 0, 0, 0))
-    driver.submit(order_system, [order])
-    pump = Pump(services_of(order_system, TARGETS))
-    assert pump.run() == 8  # four commands, four replies
-    assert driver.status_counts(order_system) == {"completed": 1}
-    trace_ids = {trace_id(envelope.headers) for envelope in pump.seen}
-    assert len(trace_ids) == 1 and None not in trace_ids
-    (the_trace,) = trace_ids
+    (order,) = driver.make_orders(1, driver.FailureRates(0, 0, payment_failure, 0))
+    with running.connect("orders") as conn:
+        saga_id = create_order.start(conn, order, idempotency_key=order.order_id)
+    wait_until(lambda: _status(running, saga_id) == status, 60, what=f"saga {status}")
+    chain = wait_until(
+        lambda: len(spans := _the_trace()) >= len(expected) and spans, 10, what="spans"
+    )
+
+    assert [s.name for s in chain] == [name for name, _ in expected]
+    start, *handled = chain
+    assert _attributes(start) == {tracing.SAGA_ID: str(saga_id), tracing.SAGA_NAME: "create_order"}
+    assert [_attributes(s).get(tracing.SAGA_STEP) for s in chain] == [s for _, s in expected]
+    for span in handled:
+        consumer, _, message_type = span.name.split(" ")
+        attributes = _attributes(span)
+        assert span.kind is trace.SpanKind.CONSUMER
+        assert attributes[tracing.SAGA_ID] == str(saga_id)
+        assert attributes[tracing.MESSAGE_TYPE] == message_type
+        assert UUID(str(attributes[tracing.MESSAGE_ID]))
+        assert attributes[tracing.CONVERSATION_ID] == str(saga_id)
+        assert attributes[tracing.DESTINATION] == attributes[tracing.CONSUMER_GROUP] == consumer
+        assert attributes[tracing.OPERATION_TYPE] == "process"
+    message_ids = [_attributes(s)[tracing.MESSAGE_ID] for s in handled]
+    assert len(set(message_ids)) == len(message_ids)
+
+
+def _status(system: Cluster, saga_id: UUID) -> str | None:
+    with system.connect("orders") as conn:
+        row = conn.execute(
+            "SELECT status FROM saga.saga_instances WHERE id = %s", (saga_id,)
+        ).fetchone()
+    return row[0] if row else None
+
+
+def _attributes(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
+
+
+def _the_trace() -> list[ReadableSpan]:
+    """Every span recorded, root first, each the parent of the next.
+
+    Fails unless they form one such chain: one trace, every message handled in a
+    span whose parent is the span that sent it.
+    """
     spans = EXPORTER.get_finished_spans()
-    handler_spans = [s for s in spans if " handle " in s.name]
-    assert len(handler_spans) == 8
-    assert {format(s.context.trace_id, "032x") for s in spans} == {the_trace}
-    assert any(s.name == "saga create_order start" for s in spans)
-
-
-def test_a_compensated_saga_keeps_its_trace(order_system: Cluster) -> None:
-    (order,) = driver.make_orders(1, driver.FailureRates(0, 0, 1.0, 0))  # card declined
-    driver.submit(order_system, [order])
-    pump = Pump(services_of(order_system, TARGETS))
-    pump.run()
-    assert driver.status_counts(order_system) == {"compensated": 1}
-    assert len({trace_id(e.headers) for e in pump.seen}) == 1
-    assert [e.type for e in pump.seen][-2:] == ["ReleaseStock", "saga.Ack"]
+    (root,) = [s for s in spans if s.parent is None]
+    child_of = {s.parent.span_id: s for s in spans if s.parent is not None}
+    assert len(child_of) == len(spans) - 1, "a span with two children"
+    chain = [root]
+    while (context := chain[-1].context) and context.span_id in child_of:
+        chain.append(child_of[context.span_id])
+    assert len(chain) == len(spans), "spans outside the saga's chain"
+    return chain

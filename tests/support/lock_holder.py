@@ -14,7 +14,8 @@ import sys
 import psycopg
 import redis
 
-from saga.effects.locks import FencedLock, LockLost
+from saga.effects.locks import FencedLock
+from saga.errors import LockLost
 
 FENCED_WRITE = "UPDATE fenced SET value = %s, token = %s WHERE id = 1 AND token < %s"
 

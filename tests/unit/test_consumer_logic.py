@@ -6,9 +6,9 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
-from consumers.decoding import Rejection, decode
+from consumers.decoding import decode
 from saga import RetryPolicy, Service
-from saga.errors import ConfigurationError, StepFailed
+from saga.errors import ConfigurationError, Rejection, StepFailed
 from saga.faults import _parse
 from saga.messaging.envelope import Envelope
 

@@ -1,25 +1,31 @@
-"""One saga instance moved along inside one transaction: steps, compensations, retries.
+"""A saga's transitions: what one event does to one saga, decided without I/O.
 
-A :class:`SagaRun` is built from the saga's row, changed by one event (a
-reply, a timer, a signal), and written back by :meth:`SagaRun.commit`: the
-row (optimistically), the step log, the messages to send, any dead letter.
+A :class:`Transition` is built from the saga's record and the time of the event,
+then changed by that event (a reply, a failure, a timer, a signal, a resume, a
+deadline). :meth:`Transition.result` says what must happen: the new record, the
+step-log entries, the messages to send and any dead letter. Nothing here reads
+the clock or touches the database; local steps, the one place user code writes,
+are run by the caller's :class:`LocalSteps`, and their timing comes back with
+their outcome.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from uuid import UUID
 
-import psycopg
 from pydantic import BaseModel
 
 from saga.engine.definition import (
     COMPENSATE,
     HOLD,
     RETRY,
+    LocalAction,
     LocalStep,
     RemoteStep,
     Saga,
@@ -33,7 +39,6 @@ from saga.errors import (
     StepFailed,
     UnexpectedReply,
 )
-from saga.faults import fault_point
 from saga.messaging.control import (
     DEAD_LETTERED,
     PURGED,
@@ -53,16 +58,39 @@ from saga.messaging.envelope import (
 )
 from saga.messaging.ids import uuid7
 from saga.messaging.outbox import OutgoingMessage
-from saga.observability.metrics import Metrics
-
-if TYPE_CHECKING:
-    from saga.engine.orchestrator import Orchestrator
 
 logger = logging.getLogger(__name__)
 
 
-def now() -> datetime:
-    return datetime.now(UTC)
+@dataclass(frozen=True, slots=True)
+class LocalOutcome:
+    """How a local step (or local compensation) went: a result, or the error it raised."""
+
+    result: BaseModel | None
+    error: Exception | None
+    started: datetime
+    finished: datetime
+
+
+class LocalSteps(Protocol):
+    """Runs a saga's local step for a transition (in the caller's transaction)."""
+
+    def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
+        """Run ``action``; a forward step reports only :class:`StepFailed` as its
+        error (anything else propagates), a compensation reports any exception."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionResult:
+    """What a transition decided: everything the caller writes in its transaction."""
+
+    record: SagaRecord
+    log: list[StepLogEntry]
+    outgoing: list[OutgoingMessage]
+    dead_letters: list[DeadLetter]
+    #: The status the saga reached when it finished or stopped for an operator here.
+    ended: SagaStatus | None
 
 
 @cache
@@ -71,22 +99,25 @@ def _schema(payload: type[BaseModel]) -> dict[str, Any]:
     return payload.model_json_schema()
 
 
-class SagaRun:
-    """One saga instance being moved along inside one transaction."""
+class Transition:
+    """One saga instance changed by one event."""
 
     def __init__(
         self,
-        orchestrator: Orchestrator,
-        tx: psycopg.Connection[Any],
         saga: Saga[Any],
         record: SagaRecord,
+        *,
         cause: Envelope | None,
-        metrics: Metrics | None = None,
+        at: datetime,
+        home_service: str,
+        local_steps: LocalSteps,
+        new_id: Callable[[], UUID] = uuid7,
     ) -> None:
-        self.o = orchestrator
-        self.metrics = metrics
+        self.at = at
+        self.home_service = home_service
+        self.local_steps = local_steps
+        self.new_id = new_id
         self.initial_status = record.status
-        self.tx = tx
         self.saga = saga
         self.record = record
         self.cause = cause
@@ -174,7 +205,8 @@ class SagaRun:
         if record.status.finished or record.pending_message_id is None or record.step is None:
             return False
         # Stuck waiting: send the pending request again under the same message id, so a
-        # participant that did handle it skips it (inbox) and one that did not handles it now.
+        # participant that did handle it answers it again with its kept reply (inbox) and
+        # one that did not handles it now.
         step = self._current()
         if isinstance(step, WaitStep):
             return False  # waiting for an event is not stuck: signal it
@@ -193,17 +225,17 @@ class SagaRun:
         record.status = SagaStatus.RUNNING
         record.step = step.name
         record.step_attempt = 1
-        record.step_started_at = now()
+        record.step_started_at = self.at
         record.waiting_for = step.event
         record.wait_schema = _schema(step.payload)
         if step.timeout is None:
-            record.pending_message_id = uuid7()  # only a signal will end this wait
+            record.pending_message_id = self.new_id()  # only a signal will end this wait
             record.wait_deadline = None
             return
         timeout = self._envelope(
             WaitTimeout(saga_id=record.id, step=step.name), headers={STEP_HEADER: step.name}
         )
-        self.outgoing.append(OutgoingMessage(timeout, self.o.registry.service_name, step.timeout))
+        self.outgoing.append(OutgoingMessage(timeout, self.home_service, step.timeout))
         record.pending_message_id = timeout.message_id
         record.wait_deadline = record.step_started_at + step.timeout
 
@@ -281,7 +313,7 @@ class SagaRun:
         record.status = SagaStatus.STEP_DEAD_LETTERED
         record.last_error = reason
         note = "held: replay the dead letter to go on, or purge it to compensate"
-        self._log(step, Phase.FORWARD, "held", now(), note)
+        self._log(step, Phase.FORWARD, "held", self.at, note)
         logger.warning(
             "saga %s held at step %s: its command is a dead letter (%s)",
             record.id,
@@ -319,9 +351,8 @@ class SagaRun:
             self._set_data(step.on_reply(self.data, reply), f"on_reply of {step.name!r}")
         envelope = self._compensation_envelope(step)
         self.outgoing.append(OutgoingMessage(envelope, self.saga.compensation_service(step)))
-        moment = now()
         note = f"succeeded after the saga compensated past it; compensation {envelope.type} sent"
-        self._log(step, Phase.FORWARD, "late_success", moment, note, finished=moment)
+        self._log(step, Phase.FORWARD, "late_success", self.at, note)
         logger.warning(
             "saga %s: late success of step %s undone",
             record.id,
@@ -336,8 +367,7 @@ class SagaRun:
         """Run steps from ``index`` on: local ones now, up to the next remote one."""
         for step in self.saga.steps[index:]:
             if step.when is not None and not step.when(self.data):
-                moment = now()
-                self._log(step, Phase.FORWARD, "skipped", moment, finished=moment, attempt=1)
+                self._log(step, Phase.FORWARD, "skipped", self.at, attempt=1)
                 continue
             if isinstance(step, RemoteStep):
                 self._send_forward(step, attempt=1)
@@ -352,22 +382,19 @@ class SagaRun:
         self.record.pending_message_id = None
 
     def _run_local(self, step: LocalStep) -> bool:
-        started = now()
-        try:
-            with self.tx.transaction():
-                result = step.action(self.tx, self.data)
-        except StepFailed as failure:
-            reason = f"{step.name}: {failure.reason}"
-            self._log(step, Phase.FORWARD, "failed", started, reason, attempt=1)
+        ran = self.local_steps.run(step.action, self.data, compensation=False)
+        if isinstance(ran.error, StepFailed):
+            reason = f"{step.name}: {ran.error.reason}"
+            self._log(step, Phase.FORWARD, "failed", ran.started, reason, ran.finished, 1)
             if self.saga.after_pivot(step.name):
                 raise RuntimeError(
                     f"step {step.name!r} is after the pivot and may not fail: {reason}"
-                ) from failure
+                ) from ran.error
             self._begin_compensation(reason)
             return False
-        if result is not None:
-            self._set_data(result, f"step {step.name!r}")
-        self._log(step, Phase.FORWARD, "succeeded", started, attempt=1)
+        if ran.result is not None:
+            self._set_data(ran.result, f"step {step.name!r}")
+        self._log(step, Phase.FORWARD, "succeeded", ran.started, None, ran.finished, 1)
         self.record.completed_steps.append(step.name)
         return True
 
@@ -375,7 +402,7 @@ class SagaRun:
         assert isinstance(step, RemoteStep)
         envelope = self._envelope(
             step.command(self.data),
-            reply_to=self.o.registry.service_name,
+            reply_to=self.home_service,
             headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: self._step_key(step)},
             message_id=message_id,
         )
@@ -388,9 +415,7 @@ class SagaRun:
                 saga_id=self.record.id, step=step.name, awaited=awaited, attempt=attempt
             )
             envelope = self._envelope(timer, headers={STEP_HEADER: step.name})
-            self.outgoing.append(
-                OutgoingMessage(envelope, self.o.registry.service_name, step.deadline)
-            )
+            self.outgoing.append(OutgoingMessage(envelope, self.home_service, step.deadline))
 
     def _send_compensation(
         self, step: RemoteStep, attempt: int, message_id: UUID | None = None
@@ -404,7 +429,7 @@ class SagaRun:
         forward_key = self._step_key(step)
         return self._envelope(
             step.compensation(self.data),
-            reply_to=self.o.registry.service_name,
+            reply_to=self.home_service,
             headers={
                 STEP_HEADER: step.name,
                 IDEMPOTENCY_KEY_HEADER: f"{forward_key}:compensation",
@@ -438,19 +463,18 @@ class SagaRun:
             if action is None:
                 completed.pop()
                 continue
-            started = now()
-            try:
-                with self.tx.transaction():
-                    fault_point("orchestrator.in_compensation")
-                    action(self.tx, self.data)
-            except Exception as exc:
+            ran = self.local_steps.run(action, self.data, compensation=True)
+            if ran.error is not None:
+                exc = ran.error
                 reason = f"{step.name}: {type(exc).__name__}: {exc}"
-                self._log(step, Phase.COMPENSATION, "failed", started, reason, attempt=attempt)
+                self._log(step, Phase.COMPENSATION, "failed", ran.started, reason, ran.finished,
+                          attempt)  # fmt: skip
                 self.record.step = step.name
                 self.record.step_attempt = attempt
                 self._retry_or_give_up(step, Phase.COMPENSATION, reason)
                 return
-            self._log(step, Phase.COMPENSATION, "succeeded", started, attempt=attempt)
+            self._log(step, Phase.COMPENSATION, "succeeded", ran.started, None, ran.finished,
+                      attempt)  # fmt: skip
             completed.pop()
             attempt = 1
         self.record.status = SagaStatus.COMPENSATED
@@ -470,7 +494,7 @@ class SagaRun:
             saga_id=self.record.id, step=step.name, phase=phase.value, attempt=attempt + 1
         )
         envelope = self._envelope(timer, headers={STEP_HEADER: step.name})
-        self.outgoing.append(OutgoingMessage(envelope, self.o.registry.service_name, delay))
+        self.outgoing.append(OutgoingMessage(envelope, self.home_service, delay))
         self.record.step = step.name
         self.record.pending_message_id = envelope.message_id
         logger.warning(
@@ -501,14 +525,14 @@ class SagaRun:
         )
         self.dead_letters.append(
             DeadLetter(
-                consumer=self.o.registry.service_name,
+                consumer=self.home_service,
                 reason="failed",
                 body=body.to_bytes(),
                 content_type="application/json",
                 message_id=body.message_id,
                 message_type=body.type,
                 saga_id=record.id,
-                destination=self.o.registry.service_name,
+                destination=self.home_service,
                 error_type=error_type,
                 error_message=f"saga {record.name} {record.id}: {reason} "
                 f"(after {record.step_attempt} attempts; `saga resume {record.id}` once fixed)",
@@ -531,7 +555,7 @@ class SagaRun:
         self.outgoing.append(OutgoingMessage(envelope, service))
         record = self.record
         if record.step != step or attempt == 1 or record.step_started_at is None:
-            record.step_started_at = now()
+            record.step_started_at = self.at
         record.step = step
         record.pending_message_id = envelope.message_id
         record.step_attempt = attempt
@@ -546,7 +570,7 @@ class SagaRun:
     ) -> Envelope:
         return Envelope.wrap(
             message,
-            message_id=message_id,
+            message_id=message_id or self.new_id(),
             saga_id=self.record.id,
             correlation_id=self.cause.correlation_id if self.cause else self.record.id,
             causation_id=self.cause.message_id if self.cause else None,
@@ -581,11 +605,10 @@ class SagaRun:
         outcome: str,
         started: datetime | None,
         error: str | None = None,
-        *,
         finished: datetime | None = None,
         attempt: int | None = None,
     ) -> None:
-        finished = finished or now()
+        finished = finished or self.at
         self.log.append(
             StepLogEntry(
                 saga_id=self.record.id,
@@ -600,20 +623,15 @@ class SagaRun:
             )
         )
 
-    def commit(self) -> None:
-        """Save the row (optimistically), the step log, outgoing messages and dead letters."""
+    def result(self) -> TransitionResult:
+        """What this transition decided (the data checked against the saga's size cap)."""
         self.saga.check_data_size(self.data)
         self.record.data = self.data.model_dump(mode="json")
         self.record.pivot_reached = self._pivot_reached()
-        self.o.store.save(self.tx, self.record)
-        self.o.store.log(self.tx, self.log)
-        self.o.registry.outbox.add_many(self.tx, self.outgoing)
-        for letter in self.dead_letters:
-            self.o.dead_letters.add(self.tx, letter)
         status = self.record.status
         changed = status != self.initial_status
-        if self.metrics is not None and changed and (status.finished or status.needs_operator):
-            self.metrics.saga_outcomes.labels(self.saga.name, status.value).inc()
+        ended = status if changed and (status.finished or status.needs_operator) else None
+        return TransitionResult(self.record, self.log, self.outgoing, self.dead_letters, ended)
 
 
 def _holds_dead_letters(step: Step) -> bool:

@@ -1,0 +1,92 @@
+"""The sagas one batch of orchestrator deliveries touches: read at once, written at once.
+
+For a batch of replies (and timers, signals, resumes) the orchestrator reads every
+saga row the batch names in one statement, applies each delivery's transition to
+its own copy of the record (two deliveries for one saga apply in order, the
+second on the first's result), and stages what they decided. :meth:`SagaBatch.flush`
+then writes every changed row (each guarded by the version it was read at), every
+step-log entry and every outgoing message in one statement each. A delivery whose
+handler fails stages nothing, so the batch writes only what the committed
+deliveries decided.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from uuid import UUID
+
+from saga.db.sql import Tx
+from saga.engine.home import SagaHome
+from saga.engine.state import SagaRecord, StepLogEntry
+from saga.engine.transitions import TransitionResult
+from saga.messaging.dead_letters import DeadLetter
+from saga.messaging.envelope import Envelope
+from saga.messaging.outbox import OutgoingMessage
+from saga.observability.metrics import Metrics
+
+
+class SagaBatch:
+    """Staged saga changes of one batch, written by :meth:`flush`."""
+
+    def __init__(self, home: SagaHome) -> None:
+        self.home = home
+        self._read: dict[UUID, SagaRecord] = {}
+        self._changed: dict[UUID, SagaRecord] = {}
+        self._log: list[StepLogEntry] = []
+        self._outgoing: list[OutgoingMessage] = []
+        self._letters: list[DeadLetter] = []
+        self._ended: list[tuple[str, str]] = []
+        self._metrics: Metrics | None = None
+
+    def read_all(self, tx: Tx, saga_ids: Sequence[UUID]) -> None:
+        """Read the rows of ``saga_ids`` in one statement, for :meth:`record` to hand out."""
+        self._read.update(self.home.store.load_many(tx, saga_ids))
+
+    def record(self, tx: Tx, saga_id: UUID) -> SagaRecord | None:
+        """A copy of the saga's latest state in this batch (read now if it was not yet).
+
+        A transition changes its copy in place; only :meth:`stage` makes it the batch's.
+        """
+        record = self._read.get(saga_id)
+        if record is None:
+            record = self.home.store.load(tx, saga_id)
+            if record is None:
+                return None
+            self._read[saga_id] = record
+        return replace(record, completed_steps=list(record.completed_steps))
+
+    def stage(self, result: TransitionResult, saga_name: str, metrics: Metrics | None) -> None:
+        """Keep what one transition decided, to be written by :meth:`flush`."""
+        record = result.record
+        self._read[record.id] = self._changed[record.id] = record
+        self._log.extend(result.log)
+        self._outgoing.extend(result.outgoing)
+        self._letters.extend(result.dead_letters)
+        if result.ended is not None:
+            self._ended.append((saga_name, result.ended.value))
+            self._metrics = metrics or self._metrics
+
+    def stage_log(self, entries: Sequence[StepLogEntry]) -> None:
+        """Step-log entries that change no saga (an ignored late event)."""
+        self._log.extend(entries)
+
+    def flush(self, tx: Tx) -> None:
+        """Write the staged rows, log, messages and dead letters; count the ended sagas."""
+        self.home.store.save_many(tx, list(self._changed.values()))
+        self.home.persist(tx, None, self._log, self._outgoing, self._letters)
+        if self._metrics is not None:
+            for name, status in self._ended:
+                self._metrics.saga_outcomes.labels(name, status).inc()
+
+
+class SagaBatches:
+    """Opens a :class:`SagaBatch` for each batch of the orchestrator's deliveries."""
+
+    def __init__(self, home: SagaHome) -> None:
+        self.home = home
+
+    def open(self, tx: Tx, envelopes: Sequence[Envelope]) -> SagaBatch:
+        batch = SagaBatch(self.home)
+        batch.read_all(tx, list({e.saga_id for e in envelopes if e.saga_id is not None}))
+        return batch

@@ -1,0 +1,38 @@
+"""A saga's home: the service that runs it and the tables its progress is written to."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from saga.db.sql import Tx, validate_name, validate_schema
+from saga.engine.state import SagaRecord, StepLogEntry
+from saga.engine.store import SagaStore
+from saga.messaging.dead_letters import DeadLetter, DeadLetterStore
+from saga.messaging.outbox import Outbox, OutgoingMessage
+
+
+class SagaHome:
+    """Where sagas live: replies come back to ``service_name``; rows go to ``schema``."""
+
+    def __init__(self, service_name: str, schema: str = "saga", outbox: Outbox | None = None):
+        self.service_name = validate_name(service_name, "service name")
+        self.schema = validate_schema(schema)
+        self.outbox = outbox or Outbox(self.schema)
+        self.store = SagaStore(self.schema)
+        self.dead_letters = DeadLetterStore(self.schema)
+
+    def persist(
+        self,
+        tx: Tx,
+        record: SagaRecord | None,
+        log: Sequence[StepLogEntry],
+        outgoing: Sequence[OutgoingMessage],
+        letters: Sequence[DeadLetter],
+    ) -> None:
+        """Write a step's outcome: the saga row (if any), log, messages and dead letters."""
+        if record is not None:
+            self.store.save(tx, record)
+        self.store.log(tx, log)
+        self.outbox.add_many(tx, outgoing)
+        for letter in letters:
+            self.dead_letters.add(tx, letter)

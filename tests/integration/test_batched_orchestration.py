@@ -1,0 +1,201 @@
+"""The orchestrator handles a batch of deliveries with a constant number of statements.
+
+Every saga the batch names is read in one statement, every transition is decided
+in memory, and the changed rows, step-log entries and outgoing messages are
+written in one statement each. These tests drive the orchestrator's service
+through the consumer's :class:`BatchProcessor` on a real PostgreSQL and count
+the statements the framework sends.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from consumers import BatchProcessor, Delivery, Outcome
+from saga import HandlerContext, Saga, SagaRegistry, Service, StepFailed, Tx
+from saga.errors import BatchConflict
+from saga.handlers.retry import RetryPolicy
+from saga.messaging.control import Signal
+from saga.messaging.envelope import Envelope
+from saga.messaging.outbox import collect_written
+from tests.support.databases import TestDatabase
+from tests.support.services import EFFECTS_DDL
+
+JSON = "application/json"
+NO_RETRY = RetryPolicy(immediate_attempts=1, delays=(60,))
+
+
+class Order(BaseModel):
+    order_id: str
+    local: str = "ok"  # "ok", "skip", "refuse" (StepFailed) or "crash" (any other error)
+
+
+class Reserve(BaseModel):
+    order_id: str
+
+
+class Reserved(BaseModel):
+    order_id: str
+
+
+class Release(BaseModel):
+    order_id: str
+
+
+class Approval(BaseModel):
+    by: str
+
+
+order = Saga("batched_order", data=Order)
+order.remote("reserve", service="stock", command=Reserve, reply=Reserved, compensate=Release)
+
+
+@order.local("record", when=lambda data: data.local != "skip")
+def record(tx: Tx, data: Order) -> None:
+    tx.execute("INSERT INTO public.effects (kind, key) VALUES ('record', %s)", (data.order_id,))
+    if data.local == "refuse":
+        raise StepFailed("refused by the record step")
+    if data.local == "crash":
+        raise RuntimeError("the record step crashed")
+
+
+order.wait("approve", event="approved", payload=Approval, timeout=timedelta(hours=1))
+registry = SagaRegistry("orders", retry=NO_RETRY)
+registry.register(order)
+
+stock = Service("stock", retry=NO_RETRY)
+
+
+@stock.handler(Reserve)
+def reserve(tx: Tx, cmd: Reserve, ctx: HandlerContext) -> Reserved:
+    return Reserved(order_id=cmd.order_id)
+
+
+class CountingCursor(psycopg.Cursor[Any]):
+    """Counts the statements sent through cursors (``conn.execute`` included)."""
+
+    sent = 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        CountingCursor.sent += 1
+        return super().execute(*args, **kwargs)
+
+
+def _start(db: TestDatabase, orders: list[Order]) -> None:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        for data in orders:
+            order.start(conn, data, idempotency_key=data.order_id)
+
+
+def _outbox(db: TestDatabase, destination: str) -> list[Delivery]:
+    rows = db.rows(
+        "DELETE FROM saga.outbox WHERE destination = %s RETURNING id, body", (destination,)
+    )
+    return [Delivery(bytes(body), JSON) for _, body in sorted(rows)]
+
+
+def _replies_for(db: TestDatabase, orders: list[Order]) -> list[Delivery]:
+    """Start ``orders`` and let the stock service answer: the replies, not yet handled."""
+    _start(db, orders)
+    with psycopg.connect(db.url) as conn:
+        BatchProcessor(stock).process(conn, _outbox(db, "stock"))
+    return _outbox(db, "orders")
+
+
+def _statuses(db: TestDatabase) -> dict[str, tuple[str, str | None]]:
+    rows = db.rows("SELECT data->>'order_id', status, step FROM saga.saga_instances")
+    return {key: (status, step) for key, status, step in rows}
+
+
+def _handle(db: TestDatabase, deliveries: list[Delivery]) -> tuple[list[Outcome], int]:
+    """Handle ``deliveries`` as one batch of the orchestrator; outcomes, statements sent."""
+    # As the worker does: the rows it wrote are published after the commit, no relay woken.
+    with psycopg.connect(db.url, cursor_factory=CountingCursor) as conn, collect_written():
+        CountingCursor.sent = 0
+        outcomes = BatchProcessor(registry.as_service()).process(conn, deliveries)
+        return outcomes, CountingCursor.sent
+
+
+def test_a_batch_of_replies_costs_fewer_statements_than_deliveries(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+    replies = _replies_for(db, [Order(order_id=f"o{i}", local="skip") for i in range(12)])
+
+    outcomes, statements = _handle(db, replies)
+
+    assert outcomes == [Outcome.HANDLED] * 12
+    assert set(_statuses(db).values()) == {("running", "approve")}
+    # lock timeout, inbox, read the sagas, write them, their log, their timeout timers
+    assert statements == 6
+    assert db.scalar("SELECT count(*) FROM saga.saga_steps WHERE outcome = 'skipped'") == 12
+    assert len(_outbox(db, "orders")) == 12  # each wait's timeout, in one insert
+
+
+def test_one_delivery_alone_is_written_directly(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+    (reply,) = _replies_for(db, [Order(order_id="alone", local="skip")])
+    outcomes, statements = _handle(db, [reply])
+    assert outcomes == [Outcome.HANDLED]
+    assert _statuses(db) == {"alone": ("running", "approve")}
+    assert statements == 6  # inbox, savepoint, read, save, log, timer: nothing shared
+
+
+def test_a_failing_local_step_spoils_only_its_own_saga(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+    replies = _replies_for(
+        db,
+        [
+            Order(order_id="fine"),
+            Order(order_id="refused", local="refuse"),
+            Order(order_id="crashed", local="crash"),
+        ],
+    )
+
+    outcomes, _ = _handle(db, replies)
+
+    assert outcomes == [Outcome.HANDLED, Outcome.HANDLED, Outcome.RETRY_SCHEDULED]
+    assert _statuses(db) == {
+        "fine": ("running", "approve"),
+        "refused": ("compensating", "reserve"),  # its release is on its way
+        "crashed": ("running", "reserve"),  # untouched: its reply is retried later
+    }
+    kept = db.rows("SELECT key FROM public.effects WHERE kind = 'record' ORDER BY key")
+    assert kept == [("fine",)]  # the refused step's and the crashed step's writes are undone
+    assert [d.body for d in _outbox(db, "stock")] != []  # the refused saga's Release
+
+
+def test_two_events_for_one_saga_in_a_batch_apply_in_order(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+    (reply,) = _replies_for(db, [Order(order_id="quick")])
+    saga_id = db.scalar("SELECT id FROM saga.saga_instances")
+    signal = Envelope.wrap(
+        Signal(saga_id=saga_id, event="approved", data={"by": "ops"}), saga_id=saga_id
+    )
+    # The approval is only valid once the reply has moved the saga to its wait step.
+    outcomes, _ = _handle(db, [reply, Delivery(signal.to_bytes(), JSON)])
+
+    assert outcomes == [Outcome.HANDLED, Outcome.HANDLED]
+    assert _statuses(db) == {"quick": ("completed", None)}
+
+
+def test_a_lock_conflict_sends_the_batch_back_without_writing_anything(
+    db: TestDatabase,
+) -> None:
+    db.execute(EFFECTS_DDL)
+    replies = _replies_for(db, [Order(order_id="free"), Order(order_id="held")])
+    with db.connect(autocommit=False) as holder:
+        holder.execute(
+            "SELECT 1 FROM saga.saga_instances WHERE data->>'order_id' = 'held' FOR UPDATE"
+        )
+        with pytest.raises(BatchConflict):
+            _handle(db, replies)
+        assert set(_statuses(db).values()) == {("running", "reserve")}  # nothing written
+        holder.rollback()
+
+    for reply in replies:  # what the worker then does: one delivery per transaction
+        assert _handle(db, [reply])[0] == [Outcome.HANDLED]
+    assert set(_statuses(db).values()) == {("running", "approve")}

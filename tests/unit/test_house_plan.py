@@ -1,0 +1,200 @@
+"""The package tree keeps its plan: layers import downwards, the core loads no broker."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import saga
+from saga import errors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Lowest first: a module may import its own layer and the layers before it.
+LAYERS = [
+    "saga.errors",
+    "saga.faults",
+    "saga.db",
+    "saga.observability",
+    "saga.messaging",
+    "saga.effects",
+    "saga.handlers",
+    "saga.engine",
+    "saga.operations",
+    "saga.broker",
+    "saga.settings",
+    "saga",
+    "outbox_relay",
+    "consumers",
+    "saga.cli",
+]
+#: What the core (everything before ``saga.broker``) must never import.
+RUNTIME = ("kombu", "amqp", "consumers", "outbox_relay")
+
+
+def _layer(module: str) -> int:
+    """Index of the most specific layer ``module`` belongs to."""
+    matches = [
+        i for i, layer in enumerate(LAYERS) if module == layer or module.startswith(layer + ".")
+    ]
+    return max(matches, key=lambda i: len(LAYERS[i]))
+
+
+def _modules() -> list[tuple[str, Path]]:
+    found = []
+    for top in ("saga", "consumers", "outbox_relay"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found.append((name, path))
+    return found
+
+
+def _imports(path: Path) -> list[str]:
+    """Modules ``path`` imports at run time (imports for type checkers only are left out)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_every_import_points_down_the_layers() -> None:
+    upward = []
+    for module, path in _modules():
+        if module == "saga":
+            continue  # the public API re-exports from every core layer
+        own = _layer(module)
+        for imported in _imports(path):
+            top = imported.split(".")[0]
+            if top in ("saga", "consumers", "outbox_relay"):
+                target = imported if _is_module(imported) else imported.rsplit(".", 1)[0]
+                if _layer(target) > own:
+                    upward.append(f"{module} imports {target}")
+            elif top in RUNTIME and _layer(module) < _layer("saga.broker"):
+                upward.append(f"{module} imports {imported}")
+    assert upward == []
+
+
+def _is_module(name: str) -> bool:
+    return (ROOT / name.replace(".", "/")).with_suffix(".py").exists() or (
+        ROOT / name.replace(".", "/") / "__init__.py"
+    ).exists()
+
+
+def test_the_public_api_loads_no_broker_client() -> None:
+    # A fresh interpreter: this test process has loaded kombu long ago.
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "from saga import Outbox, Saga"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in result.stderr.splitlines()}
+    assert "saga" in loaded
+    assert loaded.isdisjoint({*RUNTIME, "redis"})
+
+
+def test_one_import_line_serves_a_user() -> None:
+    for name in (
+        "Saga",
+        "SagaRegistry",
+        "Service",
+        "HandlerContext",
+        "Outbox",
+        "StepFailed",
+        "RetryPolicy",
+        "StepRetry",
+        "Tx",
+    ):
+        assert name in saga.__all__
+        assert getattr(saga, name) is not None
+
+
+def test_every_exception_lives_in_saga_errors_under_saga_error() -> None:
+    elsewhere = []
+    for module, _path in _modules():
+        if module.startswith("saga.cli") or module.endswith("__main__"):
+            continue
+        loaded = importlib.import_module(module)
+        for name, value in vars(loaded).items():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == module
+                and module != "saga.errors"
+            ):
+                elsewhere.append(f"{module}.{name}")
+    assert elsewhere == []
+    for name, value in vars(errors).items():
+        if inspect.isclass(value) and value.__module__ == "saga.errors":
+            assert issubclass(value, errors.SagaError), name
+
+
+def test_the_architecture_document_lists_every_package() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("<!-- package-map -->")[1].split("<!-- /package-map -->")[0]
+    documented = set(re.findall(r"^- `([a-z_/]+)/`", block, flags=re.M))
+    packages = {"migrations"} | {
+        str(init.parent.relative_to(ROOT))
+        for top in ("saga", "consumers", "outbox_relay")
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert documented == packages
+    assert all(len(line) > 20 for line in block.strip().splitlines())
+
+
+def test_saga_data_is_typed_for_editors_and_type_checkers(tmp_path: Path) -> None:
+    from mypy import api
+
+    source = """
+from pydantic import BaseModel
+from saga import Saga, Tx
+
+class Data(BaseModel):
+    order_id: str
+
+class Cmd(BaseModel):
+    order_id: str
+
+class Done(BaseModel):
+    ok: bool
+
+trip = Saga("trip", data=Data)
+
+@trip.local("check")
+def check(tx: Tx, data: Data) -> Data:
+    return data
+
+def on_done(data: Data, reply: Done) -> Data:
+    return data
+
+trip.remote("send", command=lambda d: Cmd(order_id=d.order_id), reply=Done, on_reply=on_done)
+trip.remote("typo", command=lambda d: Cmd(order_id=d.order_idd))
+"""
+    (tmp_path / "mypy.ini").write_text("[mypy]\n")
+    (tmp_path / "flow.py").write_text(source)
+    out, _err, status = api.run(
+        [
+            "--strict",
+            "--no-incremental",
+            "--config-file",
+            str(tmp_path / "mypy.ini"),
+            str(tmp_path / "flow.py"),
+        ]
+    )
+    assert status == 1
+    assert out.count("error:") == 1
+    assert '"Data" has no attribute "order_idd"' in out
