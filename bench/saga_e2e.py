@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg
 
 from bench.environment import AMQP_URL, ScratchDatabase
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.cluster import SERVICES, TARGETS, Cluster
 from examples.order_saga.orders import OrderData
 from examples.order_saga.supervisor import Supervisor
@@ -96,16 +96,16 @@ class Bench:
 
     def measure(self, orders: int, rate: float | None = None) -> Measurement:
         """Submit ``orders`` (paced at ``rate`` per second if given) and wait for all of them."""
-        batch = driver.make_orders(
+        batch = workload.make_orders(
             orders,
-            driver.FailureRates(0, 0, 0, 0),
+            workload.FailureRates(0, 0, 0, 0),
             seed=self.submitted,
             prefix=f"b{self.submitted}",
         )
         before, before_steps = self._scrape_all(), self._steps()
         started = time.monotonic()
         if rate is None:
-            driver.submit(self.system, batch, per_transaction=50)
+            workload.submit(self.system, batch, per_transaction=50)
         else:
             self._paced(batch, rate)
         self.submitted += orders
@@ -156,11 +156,11 @@ class Bench:
             sent += count
             time.sleep(max(0.0, started + sent / rate - time.monotonic()))
 
-        driver.submit(self.system, batch, on_progress=pace, per_transaction=1)
+        workload.submit(self.system, batch, on_progress=pace, per_transaction=1)
 
     def _wait_finished(self, total: int, timeout: float) -> None:
         wait_until_finished(self.system.database_urls["orders"], timeout)
-        counts = driver.status_counts(self.system)
+        counts = workload.status_counts(self.system)
         if counts.get("completed", 0) + counts.get("compensated", 0) < total:
             raise RuntimeError(f"sagas finished, but not all completed or compensated: {counts}")
 

@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg import sql
 
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.checker import check
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayClient
@@ -313,7 +313,7 @@ def _run(
     commands.append(
         (
             "driver",
-            [sys.executable, "-m", "examples.order_saga.drive", "--database-url",
+            [sys.executable, "-m", "examples.order_saga.submitter", "--database-url",
              system.database_urls["orders"], "--orders", str(sagas), "--seconds",
              str(duration * 0.8), "--seed", str(seed), "--prefix", f"c{run_id}"],
             {},
@@ -353,7 +353,7 @@ def _run(
     finally:
         codes = supervisor.stop()
     report = check(system, gateway)
-    counts = driver.status_counts(system)
+    counts = workload.status_counts(system)
     present = sum(counts.values())
     unconverged = counts.get("running", 0) + counts.get("compensating", 0)
     lost = report.figures.get("commands_lost", 0) + max(0, expected - present)
@@ -406,7 +406,7 @@ def _quiesce(
         supervisor.watch()
         try:
             replay_held(system)
-            if driver.quiescent(system, expected):
+            if workload.quiescent(system, expected):
                 return True
             if resumer is not None:
                 resumer.once_all_stuck()

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from examples.order_saga import driver, invariants
+from examples.order_saga import invariants, workload
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.processes import SagaProcess
 from saga.cli.sagas import render_saga, timeline_entries
@@ -126,12 +126,12 @@ def run(orders: int = 200, timeout: float = 90.0, flakiness: float = 0.02) -> in
             f"started {len(processes)} processes (a relay and a consumer per service); "
             f"logs in {logs}/"
         )
-        batch = driver.make_orders(orders, driver.FailureRates(), seed=int(time.time()))
+        batch = workload.make_orders(orders, workload.FailureRates(), seed=int(time.time()))
         with _progress() as progress:
             submitted = progress.add_task("submitting orders", total=orders)
-            driver.submit(system, batch, on_progress=lambda n: progress.advance(submitted, n))
+            workload.submit(system, batch, on_progress=lambda n: progress.advance(submitted, n))
             settled = progress.add_task("sagas finished", total=orders)
-            counts = driver.wait_until_settled(
+            counts = workload.wait_until_settled(
                 system, orders, timeout, on_progress=lambda n: progress.advance(settled, n)
             )
         _outcomes(system, counts)
@@ -179,7 +179,7 @@ def _outcomes(system: Cluster, counts: dict[str, int]) -> None:
 def _timelines(system: Cluster) -> None:
     store = SagaStore("saga")
     with system.connect("orders") as conn:
-        for saga_id in driver.sample_sagas(system, ("completed", "compensated")):
+        for saga_id in workload.sample_sagas(system, ("completed", "compensated")):
             record = store.load(conn, saga_id)
             assert record is not None
             console.print()

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from saga.cli import db, demo, dlq, longrunning, operations, run, sagas
+from saga.cli import cancel, consume, db, demo, dlq, relay, resume, sagas, signal, stats, versions
 from saga.cli.common import err_console
 from saga.errors import ConfigurationError, SagaError
 
@@ -19,16 +19,16 @@ app = typer.Typer(
 )
 app.add_typer(db.app, name="db")
 app.add_typer(dlq.app, name="dlq")
-app.command("relay")(run.relay)
-app.command("consume")(run.consume)
+app.command("relay")(relay.relay)
+app.command("consume")(consume.consume)
 app.command("list")(sagas.list_sagas)
 app.command("show")(sagas.show_saga)
-app.command("cancel")(sagas.cancel_saga)
-app.command("stats")(operations.stats)
-app.command("resume")(operations.resume)
-app.command("signal")(longrunning.signal)
-app.command("versions")(longrunning.versions)
-app.command("migrate-instances")(longrunning.migrate_instances)
+app.command("cancel")(cancel.cancel_saga)
+app.command("stats")(stats.stats)
+app.command("resume")(resume.resume)
+app.command("signal")(signal.signal)
+app.command("versions")(versions.versions)
+app.command("migrate-instances")(versions.migrate_instances)
 app.command("demo")(demo.demo)
 
 

@@ -11,9 +11,11 @@ import psycopg
 import typer
 from rich.console import Console
 
-from saga.broker.transport import DEFAULT_HEARTBEAT
+from saga.broker.transport import DEFAULT_HEARTBEAT, BrokerConfig
+from saga.cli.durations import parse_duration
 from saga.errors import DatabaseUnavailable
 from saga.observability.logs import configure_logging
+from saga.observability.metrics import Metrics
 from saga.observability.redaction import password_of, redact_text
 from saga.settings import (
     ENV_ACCEPT_REDIS_MESSAGE_LOSS,
@@ -145,3 +147,50 @@ def stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     return stop
+
+
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Serve Prometheus metrics on this port. Env: SAGA_METRICS_PORT.",
+        envvar="SAGA_METRICS_PORT",
+    ),
+]
+
+
+def serve_metrics(port: int | None, settings: Settings) -> Metrics | None:
+    if port is None:
+        return None
+    metrics = Metrics()
+    metrics.watch_database(settings.require_database_url(), settings.db_schema)
+    metrics.serve(port)
+    return metrics
+
+
+def broker_config(settings: Settings) -> BrokerConfig:
+    return BrokerConfig(
+        settings.require_broker_url(),
+        heartbeat=settings.broker_heartbeat,
+        accept_redis_message_loss=settings.accept_redis_message_loss,
+        visibility_timeout=settings.redis_visibility_timeout,
+    )
+
+
+def seconds_of(text: str | None) -> float | None:
+    duration = parse_duration(text)
+    return duration.total_seconds() if duration is not None else None
+
+
+StuckAfterOption = Annotated[
+    str, typer.Option(help="A running saga with no progress for this long is stuck.")
+]
+
+
+RegistryOption = Annotated[
+    str,
+    typer.Option(
+        "--registry",
+        help="The saga registry, as module:object (its definitions). Env: SAGA_REGISTRY.",
+        envvar="SAGA_REGISTRY",
+    ),
+]

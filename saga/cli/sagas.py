@@ -1,4 +1,4 @@
-"""``saga list``, ``saga show`` and ``saga cancel``: looking at sagas, and stopping one."""
+"""``saga list`` and ``saga show``: looking at sagas."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
-from saga.engine.orchestrator import request_cancel
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.store import SagaStore
 from saga.errors import UnknownSaga
@@ -188,18 +187,3 @@ def show_saga(
         )
         return
     render_saga(record, steps)
-
-
-def cancel_saga(
-    saga_id: Annotated[UUID, typer.Argument(help="The saga's id.")],
-    reason: Annotated[str, typer.Option(help="Recorded as the saga's last error.")] = "operator",
-    database_url: DatabaseUrlOption = None,
-    schema: SchemaOption = None,
-) -> None:
-    """Ask a running saga to compensate from where it is (refused past its pivot)."""
-    settings = settings_from(database_url=database_url, schema=schema)
-    with connect(settings) as conn, conn.transaction():
-        request_cancel(SagaStore(settings.db_schema), conn, saga_id, reason)
-    console.print(
-        f"[yellow]saga {saga_id} will compensate as soon as its pending step answers[/yellow]"
-    )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.checker import check
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.gateway import GatewayClient
@@ -25,7 +25,7 @@ ORDERS = 40
 
 @pytest.mark.parametrize("point", FAULT_POINTS)
 def test_recovery_after_a_crash_at(point: str, order_system: Cluster, tmp_path: Path) -> None:
-    orders = driver.make_orders(ORDERS, driver.FailureRates(0.1, 0.1, 0.1, 0.1), prefix=point)
+    orders = workload.make_orders(ORDERS, workload.FailureRates(0.1, 0.1, 0.1, 0.1), prefix=point)
     commands = order_system.commands()
     if point.startswith("relay."):  # consumers publish their own writes: leave all to the relays
         commands = [
@@ -34,7 +34,7 @@ def test_recovery_after_a_crash_at(point: str, order_system: Cluster, tmp_path: 
         ]
     supervisor = Supervisor(commands, tmp_path, faults=f"{point}@2")
     try:
-        driver.submit(order_system, orders, per_transaction=5)
+        workload.submit(order_system, orders, per_transaction=5)
         counts = settle(order_system, supervisor, ORDERS)
         gateway_calls = GatewayClient(order_system.gateway_url).calls()
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.checker import check
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.gateway import GatewayClient
@@ -54,7 +54,7 @@ def _every_charge_dead_lettered(system: Cluster) -> bool:
 def test_held_sagas_complete_with_one_charge_each_after_the_replay(
     order_system: Cluster, tmp_path: Path
 ) -> None:
-    orders = driver.make_orders(ORDERS, driver.FailureRates(0, 0, 0, 0), prefix="held")
+    orders = workload.make_orders(ORDERS, workload.FailureRates(0, 0, 0, 0), prefix="held")
     payments_db, orders_db = (
         order_system.database_urls["payments"],
         order_system.database_urls["orders"],
@@ -63,9 +63,9 @@ def test_held_sagas_complete_with_one_charge_each_after_the_replay(
     gateway = GatewayClient(order_system.gateway_url)
     try:
         gateway.set_faults(charges_down=True)
-        driver.submit(order_system, orders)
+        workload.submit(order_system, orders)
         wait_until(
-            lambda: driver.status_counts(order_system) == {"step_dead_lettered": ORDERS},
+            lambda: workload.status_counts(order_system) == {"step_dead_lettered": ORDERS},
             timeout=120,
             what="every saga held at charge_payment",
         )
@@ -91,7 +91,7 @@ def test_held_sagas_complete_with_one_charge_each_after_the_replay(
         state = gateway.state()
     finally:
         supervisor.stop()
-    assert driver.status_counts(order_system) == {"completed": ORDERS}
+    assert workload.status_counts(order_system) == {"completed": ORDERS}
     charges = [c for c in state["charges"].values() if c["status"] == "succeeded"]
     assert len(charges) == ORDERS and state["refunds"] == {}
     report = check(order_system, state)
@@ -101,13 +101,13 @@ def test_held_sagas_complete_with_one_charge_each_after_the_replay(
 def test_compensated_sagas_refund_lost_charges_and_replay_charges_no_one(
     order_system: Cluster, tmp_path: Path
 ) -> None:
-    orders = driver.make_orders(ORDERS, driver.FailureRates(0, 0, 0, 0), prefix="comp")
+    orders = workload.make_orders(ORDERS, workload.FailureRates(0, 0, 0, 0), prefix="comp")
     payments_db = order_system.database_urls["payments"]
     supervisor = _start(order_system, tmp_path, "compensate")
     gateway = GatewayClient(order_system.gateway_url)
     try:
         gateway.set_faults(charges_down=True, drop_charges=LOST_ANSWERS)
-        driver.submit(order_system, orders)
+        workload.submit(order_system, orders)
         settle(order_system, supervisor, ORDERS)
         assert _every_charge_dead_lettered(order_system)
         gateway.set_faults(charges_down=False)
@@ -126,7 +126,7 @@ def test_compensated_sagas_refund_lost_charges_and_replay_charges_no_one(
         state = gateway.state()
     finally:
         supervisor.stop()
-    assert driver.status_counts(order_system) == {"compensated": ORDERS}
+    assert workload.status_counts(order_system) == {"compensated": ORDERS}
     made = [c for c in state["charges"].values() if c["status"] == "succeeded"]
     assert len(made) == LOST_ANSWERS  # only the charges whose answers were lost...
     assert len(state["refunds"]) == LOST_ANSWERS  # ...and each of them refunded

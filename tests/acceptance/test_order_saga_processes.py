@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.order_saga import driver, invariants
+from examples.order_saga import invariants, workload
 from examples.order_saga.cluster import Cluster
 from tests.support.cli import saga_cli
 from tests.support.example_cluster import services_as_processes
@@ -22,10 +22,10 @@ def order_system(order_system: Cluster) -> Cluster:
 
 
 def test_thousand_orders_with_failures_at_every_step(order_system: Cluster, tmp_path: Path) -> None:
-    orders = driver.make_orders(ORDERS, driver.FailureRates(0.08, 0.08, 0.08, 0.08), seed=11)
+    orders = workload.make_orders(ORDERS, workload.FailureRates(0.08, 0.08, 0.08, 0.08), seed=11)
     with services_as_processes(order_system, tmp_path):
-        driver.submit(order_system, orders)
-        counts = driver.wait_until_settled(order_system, ORDERS, timeout=400)
+        workload.submit(order_system, orders)
+        counts = workload.wait_until_settled(order_system, ORDERS, timeout=400)
     assert counts.get("completed", 0) + counts.get("compensated", 0) == ORDERS, counts
     report = invariants.check(order_system)
     assert report.ok, report.violations[:10]
@@ -46,7 +46,7 @@ def test_thousand_orders_with_failures_at_every_step(order_system: Cluster, tmp_
     print(f"\n{counts}; compensated by step: {reasons}; figures: {report.figures}")
 
     # saga show: a compensated saga's failed step, then each compensation in reverse order
-    (saga_id,) = driver.sample_sagas(order_system, ("compensated",))
+    (saga_id,) = workload.sample_sagas(order_system, ("compensated",))
     shown = saga_cli(order_system.database_urls["orders"], "show", str(saga_id), "--json")
     assert shown.returncode == 0, shown.stderr
     timeline = json.loads(shown.stdout)["timeline"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.order_saga import driver, invariants, payments
+from examples.order_saga import invariants, payments, workload
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.gateway import GatewayClient, GatewayServer
 from examples.order_saga.messages import ChargeCard
@@ -25,19 +25,19 @@ from tests.support.wait import wait_until
 def test_payments_killed_after_the_gateway_answered_does_not_charge_twice(
     order_system: Cluster, tmp_path: Path
 ) -> None:
-    orders = driver.make_orders(12, driver.FailureRates(0, 0, 0, 0), prefix="kill")
+    orders = workload.make_orders(12, workload.FailureRates(0, 0, 0, 0), prefix="kill")
     # the first charge: the gateway call returns, then the payments worker is SIGKILLed
     # before it records the outcome or commits; it restarts without the fault
     supervisor = Supervisor(order_system.commands(), tmp_path, faults="side_effect.after_call@1")
     try:
-        driver.submit(order_system, orders)
+        workload.submit(order_system, orders)
         settle(order_system, supervisor, len(orders))
         calls = GatewayClient(order_system.gateway_url).calls()
     finally:
         supervisor.stop()
     assert supervisor.fired()["side_effect.after_call"] == 1
     assert supervisor.restarts["payments"] == 1
-    assert driver.status_counts(order_system) == {"completed": len(orders)}
+    assert workload.status_counts(order_system) == {"completed": len(orders)}
     charges = {k: n for k, n in calls.items() if k.endswith(":charge_payment")}
     assert len(charges) == len(orders) and set(charges.values()) == {1}
     report = invariants.check(order_system)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.checker import check
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayClient
@@ -29,7 +29,7 @@ from tests.support.databases import DatabaseFactory
 from tests.support.example_cluster import make_cluster
 from tests.support.wait import wait_until
 
-RATES = driver.FailureRates(0.05, 0.05, 0.05, 0.05)  # some orders compensate
+RATES = workload.FailureRates(0.05, 0.05, 0.05, 0.05)  # some orders compensate
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def processes(system: Cluster, log_dir: Path) -> Iterator[Processes]:
 
 
 def _settled(system: Cluster, sagas: int) -> None:
-    wait_until(lambda: driver.quiescent(system, sagas), 90, 0.2, f"{sagas} sagas finished")
+    wait_until(lambda: workload.quiescent(system, sagas), 90, 0.2, f"{sagas} sagas finished")
 
 
 def _checked(system: Cluster) -> dict[str, int]:
@@ -112,10 +112,10 @@ def test_a_persistent_redis_restarted_mid_run_loses_nothing(
     system, server = redis_system(True)
     with processes(system, tmp_path) as running:
         running.start(*running.commands)
-        driver.submit(system, driver.make_orders(150, RATES, seed=3, prefix="a"))
+        workload.submit(system, workload.make_orders(150, RATES, seed=3, prefix="a"))
         wait_until(
             lambda: (
-                sum(driver.status_counts(system).get(s, 0) for s in ("completed", "compensated"))
+                sum(workload.status_counts(system).get(s, 0) for s in ("completed", "compensated"))
                 >= 20
             ),
             60,
@@ -123,10 +123,10 @@ def test_a_persistent_redis_restarted_mid_run_loses_nothing(
             "sagas finishing before the restart",
         )
         server.restart()  # SIGKILL: whatever Redis held must come back from its append-only file
-        driver.submit(system, driver.make_orders(150, RATES, seed=4, prefix="b"))
+        workload.submit(system, workload.make_orders(150, RATES, seed=4, prefix="b"))
         _settled(system, 300)
         _checked(system)
-    assert set(driver.status_counts(system)) <= {"completed", "compensated"}
+    assert set(workload.status_counts(system)) <= {"completed", "compensated"}
 
 
 def test_a_volatile_redis_loses_messages_and_one_bulk_resume_finishes_every_saga(
@@ -137,7 +137,7 @@ def test_a_volatile_redis_loses_messages_and_one_bulk_resume_finishes_every_saga
     with processes(system, tmp_path) as running:
         running.start("gateway", *(f"{s}-relay" for s in SERVICES), *participants)
         # 40 orders: inventory reserves their stock; its replies wait in Redis for orders
-        driver.submit(system, driver.make_orders(40, RATES, seed=5, prefix="r"))
+        workload.submit(system, workload.make_orders(40, RATES, seed=5, prefix="r"))
         wait_until(
             lambda: (
                 _count(system, "inventory", "SELECT count(*) FROM saga.inbox") == 40
@@ -149,7 +149,7 @@ def test_a_volatile_redis_loses_messages_and_one_bulk_resume_finishes_every_saga
         )
         running.stop(*participants)
         # 40 more: their first commands wait in Redis for inventory
-        driver.submit(system, driver.make_orders(40, RATES, seed=6, prefix="c"))
+        workload.submit(system, workload.make_orders(40, RATES, seed=6, prefix="c"))
         wait_until(
             lambda: _count(system, "orders", "SELECT count(*) FROM saga.outbox") == 0,
             60,
@@ -158,7 +158,7 @@ def test_a_volatile_redis_loses_messages_and_one_bulk_resume_finishes_every_saga
         )
         server.restart()  # no persistence: 40 replies and 40 commands are gone
         running.start("orders", *participants)
-        assert driver.status_counts(system) == {"running": 80}
+        assert workload.status_counts(system) == {"running": 80}
         resumed = saga_cli(
             system.database_urls["orders"], "resume", "--stuck-after", "0s", "--reason", "redis"
         )
@@ -166,5 +166,5 @@ def test_a_volatile_redis_loses_messages_and_one_bulk_resume_finishes_every_saga
         assert "resumed 80 saga(s)" in resumed.stdout
         _settled(system, 80)
         figures = _checked(system)
-    assert set(driver.status_counts(system)) <= {"completed", "compensated"}
+    assert set(workload.status_counts(system)) <= {"completed", "compensated"}
     print(f"\nfigures after one bulk resume: {figures}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from examples.order_saga import driver, invariants
+from examples.order_saga import invariants, workload
 from examples.order_saga.cluster import Cluster
 from tests.support.brokers import TestBroker
 from tests.support.example_cluster import services_in_threads
@@ -11,10 +11,10 @@ from tests.support.example_cluster import services_in_threads
 def test_orders_complete_or_compensate_and_invariants_hold(
     order_system: Cluster, rabbit: TestBroker
 ) -> None:
-    orders = driver.make_orders(60, driver.FailureRates(0.1, 0.1, 0.1, 0.1))
+    orders = workload.make_orders(60, workload.FailureRates(0.1, 0.1, 0.1, 0.1))
     with services_in_threads(order_system, rabbit):
-        driver.submit(order_system, orders)
-        counts = driver.wait_until_settled(order_system, len(orders), timeout=120)
+        workload.submit(order_system, orders)
+        counts = workload.wait_until_settled(order_system, len(orders), timeout=120)
     assert counts.get("running", 0) == counts.get("compensating", 0) == 0, counts
     assert counts["completed"] > 0 and counts["compensated"] > 0
     report = invariants.check(order_system)

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.orders import create_order
 from saga.observability import tracing
@@ -70,7 +70,7 @@ def test_a_saga_is_one_trace_of_attributed_spans(
     running: Cluster, payment_failure: float, status: str, expected: list[tuple[str, str | None]]
 ) -> None:
     EXPORTER.clear()
-    (order,) = driver.make_orders(1, driver.FailureRates(0, 0, payment_failure, 0))
+    (order,) = workload.make_orders(1, workload.FailureRates(0, 0, payment_failure, 0))
     with running.connect("orders") as conn:
         saga_id = create_order.start(conn, order, idempotency_key=order.order_id)
     wait_until(lambda: _status(running, saga_id) == status, 60, what=f"saga {status}")

@@ -8,7 +8,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from consumers import ConsumerOptions, ServiceRunner
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayServer
 from examples.order_saga.processes import SagaProcess
@@ -93,7 +93,7 @@ def settle(
 
     def settled() -> bool:
         supervisor.watch()
-        return driver.quiescent(system, sagas)
+        return workload.quiescent(system, sagas)
 
     wait_until(settled, timeout, interval=0.2, what=f"{sagas} sagas settled, outboxes drained")
-    return driver.status_counts(system)
+    return workload.status_counts(system)

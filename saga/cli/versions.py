@@ -1,10 +1,9 @@
-"""``saga signal``, ``saga versions`` and ``saga migrate-instances``."""
+"""``saga versions`` and ``saga migrate-instances``: versions in use, moving sagas to newer."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
-from uuid import UUID
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -13,6 +12,7 @@ from rich.table import Table
 from saga.cli.common import (
     DatabaseUrlOption,
     JsonOption,
+    RegistryOption,
     SchemaOption,
     connect,
     console,
@@ -21,41 +21,6 @@ from saga.cli.common import (
 from saga.cli.loading import load_registry
 from saga.engine.registry import MigrationReport
 from saga.engine.store import SagaStore
-from saga.errors import SignalRejected
-
-RegistryOption = Annotated[
-    str,
-    typer.Option(
-        "--registry",
-        help="The saga registry, as module:object (its definitions). Env: SAGA_REGISTRY.",
-        envvar="SAGA_REGISTRY",
-    ),
-]
-
-
-def signal(
-    saga_id: Annotated[UUID, typer.Argument(help="The waiting saga's id.")],
-    event: Annotated[str, typer.Argument(help="The event it waits for, e.g. approval.")],
-    registry: RegistryOption,
-    data: Annotated[str, typer.Option(help="The event's data as a JSON object.")] = "{}",
-    database_url: DatabaseUrlOption = None,
-) -> None:
-    """Deliver an external event to a saga waiting for it (checked before it is sent).
-
-    The registry's definitions check the data with the waiting step's model, as
-    ``registry.signal`` does in application code; the registry names the schema.
-    """
-    try:
-        payload: Any = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise SignalRejected(f"--data is not JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise SignalRejected("--data must be a JSON object")
-    settings = settings_from(database_url=database_url)
-    target = load_registry(registry)
-    with connect(settings) as conn, conn.transaction():
-        target.signal(conn, saga_id, event, payload)
-    console.print(f"[green]{event} sent to saga {saga_id}[/green]")
 
 
 def versions(

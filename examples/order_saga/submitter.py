@@ -1,6 +1,6 @@
 """The workload driver as a process of its own (chaos runs): submits orders over time.
 
-    python -m examples.order_saga.drive --database-url URL --orders 600 --seconds 120
+    python -m examples.order_saga.submitter --database-url URL --orders 600 --seconds 120
 
 Each order starts a saga keyed by its order id, so a driver killed halfway
 and started again submits everything again without creating a saga twice.
@@ -14,7 +14,7 @@ import time
 
 import psycopg
 
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.orders import create_order
 
 
@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--prefix", default="chaos")
     args = parser.parse_args(argv)
-    orders = driver.make_orders(
-        args.orders, driver.FailureRates(), seed=args.seed, prefix=args.prefix
+    orders = workload.make_orders(
+        args.orders, workload.FailureRates(), seed=args.seed, prefix=args.prefix
     )
     pause = args.seconds / max(len(orders), 1)
     submitted = 0

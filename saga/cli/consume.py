@@ -1,0 +1,83 @@
+"""``saga consume``: runs a service's (or a saga registry's) consumers."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from saga.broker.transport import Topology
+from saga.cli.common import (
+    AcceptRedisMessageLossOption,
+    BrokerUrlOption,
+    DatabaseUrlOption,
+    HeartbeatOption,
+    LogFormatOption,
+    LogLevelOption,
+    MetricsPortOption,
+    QueuePrefixOption,
+    SchemaOption,
+    broker_config,
+    err_console,
+    serve_metrics,
+    settings_from,
+    setup_logging,
+    stop_on_signals,
+)
+
+
+def consume(
+    target: Annotated[str, typer.Argument(help="The service to run, as module:object.")],
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    schema: SchemaOption = None,
+    queue_prefix: QueuePrefixOption = "saga.",
+    concurrency: Annotated[
+        int, typer.Option(help="Worker threads, each with its own connections.")
+    ] = 1,
+    prefetch: Annotated[
+        int, typer.Option(help="Deliveries taken at once; also the largest batch per transaction.")
+    ] = 100,
+    publish_after_commit: Annotated[
+        bool,
+        typer.Option(
+            help="Publish the messages a batch wrote right after it commits (the relay is the "
+            "safety net); off: the relays publish everything."
+        ),
+    ] = True,
+    metrics_port: MetricsPortOption = None,
+    heartbeat: HeartbeatOption = None,
+    accept_redis_message_loss: AcceptRedisMessageLossOption = False,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
+) -> None:
+    """Run a service's handlers until SIGTERM.
+
+    With SAGA_SIGNING_KEYS set, signatures are verified before decoding;
+    SAGA_REQUIRE_SIGNATURE=true rejects unsigned messages too.
+    """
+    from consumers.runner import ServiceRunner
+    from consumers.worker import ConsumerOptions
+    from saga.cli.loading import load_service
+
+    settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
+    setup_logging(settings, log_level, log_format)
+    service = load_service(target)
+    runner = ServiceRunner(
+        service,
+        settings.require_database_url(),
+        broker_config(settings),
+        ConsumerOptions(
+            schema=settings.db_schema,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            signing=settings.key_ring(),
+            side_effect_lease=settings.side_effect_lease,
+            publish_after_commit=publish_after_commit,
+        ),
+        Topology(queue_prefix=queue_prefix),
+        metrics=serve_metrics(metrics_port, settings),
+        stop_event=stop_on_signals(),
+    )
+    err_console.print(f"consuming {service!r} with {concurrency} worker(s)")
+    runner.run()

@@ -1,0 +1,80 @@
+"""``saga relay``: forwards outbox rows to the broker."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from saga.broker.transport import Topology
+from saga.cli.common import (
+    AcceptRedisMessageLossOption,
+    BrokerUrlOption,
+    DatabaseUrlOption,
+    HeartbeatOption,
+    LogFormatOption,
+    LogLevelOption,
+    MetricsPortOption,
+    QueuePrefixOption,
+    SchemaOption,
+    broker_config,
+    err_console,
+    seconds_of,
+    serve_metrics,
+    settings_from,
+    setup_logging,
+    stop_on_signals,
+)
+
+
+def relay(
+    database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
+    schema: SchemaOption = None,
+    queue_prefix: QueuePrefixOption = "saga.",
+    batch_size: Annotated[int, typer.Option(help="Rows claimed and published per batch.")] = 500,
+    max_attempts: Annotated[
+        int, typer.Option(help="Failed publishes of one row before it is quarantined.")
+    ] = 5,
+    declare_queues: Annotated[
+        bool, typer.Option(help="Declare each destination's queue (off for locked-down brokers).")
+    ] = True,
+    allow_async_commit: Annotated[
+        bool, typer.Option(help="Run even if synchronous_commit is off (risks lost messages).")
+    ] = False,
+    prune_interval: Annotated[
+        str | None,
+        typer.Option(
+            help="Also prune past-retention rows this often (e.g. 1h; default retention)."
+        ),
+    ] = None,
+    metrics_port: MetricsPortOption = None,
+    heartbeat: HeartbeatOption = None,
+    accept_redis_message_loss: AcceptRedisMessageLossOption = False,
+    log_level: LogLevelOption = "INFO",
+    log_format: LogFormatOption = "text",
+) -> None:
+    """Publish committed outbox rows to the broker until SIGTERM (run any number of these)."""
+    from outbox_relay.relay import Relay, RelayOptions
+
+    settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
+    setup_logging(settings, log_level, log_format)
+    options = RelayOptions(
+        schema=settings.db_schema,
+        batch_size=batch_size,
+        max_publish_attempts=max_attempts,
+        declare_queues=declare_queues,
+        allow_async_commit=allow_async_commit,
+        prune_interval=seconds_of(prune_interval),
+        signing=settings.key_ring(),
+    )
+    worker = Relay(
+        settings.require_database_url(),
+        broker_config(settings),
+        options,
+        Topology(queue_prefix=queue_prefix),
+        metrics=serve_metrics(metrics_port, settings),
+    )
+    stop = stop_on_signals()
+    err_console.print(f"relay started: {worker!r}")
+    worker.run(stop)
