@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 from psycopg_pool import AsyncConnectionPool
 
-from examples.order_saga import driver
+from examples.order_saga import workload
 from examples.order_saga.cluster import SCHEMA_DIR, Cluster
 from examples.order_saga.http_api import BeforeCommit, create_app
 from tests.support.brokers import TestBroker
@@ -140,7 +140,7 @@ def test_front_door_orders_run_to_the_end(order_system: Cluster, rabbit: TestBro
     url = order_system.database_urls["orders"]
     orders = [
         {**o.model_dump(), "order_id": f"web-{o.order_id}"}
-        for o in driver.make_orders(3, driver.FailureRates(0, 0, 0, 0))
+        for o in workload.make_orders(3, workload.FailureRates(0, 0, 0, 0))
     ]
 
     async def place() -> list[int]:
@@ -153,7 +153,7 @@ def test_front_door_orders_run_to_the_end(order_system: Cluster, rabbit: TestBro
 
     with services_in_threads(order_system, rabbit):
         assert asyncio.run(place()) == [201] * len(orders)
-        counts = driver.wait_until_settled(order_system, len(orders), timeout=60)
+        counts = workload.wait_until_settled(order_system, len(orders), timeout=60)
     assert counts == {"completed": len(orders)}
     shown = asyncio.run(show())
     assert [(o["status"], o["saga_status"]) for o in shown] == [("approved", "completed")] * 3
