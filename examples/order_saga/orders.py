@@ -45,8 +45,10 @@ CHARGE_ON_DEAD_LETTER = os.environ.get("ORDERS_CHARGE_ON_DEAD_LETTER", "hold")
 
 @create_order.local("create_pending_order", compensate="reject_order")
 def create_pending_order(tx: Tx, d: OrderData) -> None:
+    # The HTTP front door (http_api.py) writes the row in the transaction that starts the saga.
     tx.execute(
-        "INSERT INTO orders (id, customer_id, amount_cents, status) VALUES (%s, %s, %s, 'pending')",
+        "INSERT INTO orders (id, customer_id, amount_cents, status) VALUES (%s, %s, %s, 'pending') "
+        "ON CONFLICT (id) DO NOTHING",
         (d.order_id, d.customer_id, d.amount_cents),
     )
 

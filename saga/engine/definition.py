@@ -147,6 +147,15 @@ class SagaHost(Protocol):
         self, conn: Tx, saga: Saga[Any], data: BaseModel, *, idempotency_key: str | None = None
     ) -> UUID: ...
 
+    async def start_async(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        saga: Saga[Any],
+        data: BaseModel,
+        *,
+        idempotency_key: str | None = None,
+    ) -> UUID: ...
+
 
 class Saga(Generic[D]):
     """A named, versioned saga definition over a pydantic data model."""
@@ -353,11 +362,21 @@ class Saga(Generic[D]):
         self, conn: psycopg.Connection[Any], data: D, *, idempotency_key: str | None = None
     ) -> UUID:
         """Start an instance in the caller's transaction (the saga must be registered)."""
+        return self._home().start(conn, self, data, idempotency_key=idempotency_key)
+
+    async def start_async(
+        self, conn: psycopg.AsyncConnection[Any], data: D, *, idempotency_key: str | None = None
+    ) -> UUID:
+        """:meth:`start` on an async connection (see ``SagaRegistry.start_async``)."""
+        return await self._home().start_async(conn, self, data, idempotency_key=idempotency_key)
+
+    def _home(self) -> SagaHost:
+        """The registry this saga is registered with."""
         if self.registry is None:
             raise ConfigurationError(
                 f"saga {self.name!r} is not registered: call SagaRegistry(...).register(saga) first"
             )
-        return self.registry.start(conn, self, data, idempotency_key=idempotency_key)
+        return self.registry
 
     def validate(self, routes: dict[type[BaseModel], str] | None = None) -> None:
         """Raise :class:`ConfigurationError` listing every mistake in this definition."""

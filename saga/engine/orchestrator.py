@@ -30,11 +30,12 @@ from saga.engine.routing import (
     wait_timeout_applies,
 )
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
-from saga.engine.store import SagaStore
+from saga.engine.store import AsyncSagaStore, NewSaga, SagaStore
 from saga.engine.transitions import LocalOutcome, Transition
 from saga.errors import (
     ConfigurationError,
     NotCancellable,
+    SagaError,
     StaleReply,
     StepFailed,
     UnknownSaga,
@@ -44,6 +45,7 @@ from saga.messaging.control import (
     FailureReply,
     ResumeSaga,
     Signal,
+    StartSaga,
     StepDeadline,
     StepTimer,
     WaitTimeout,
@@ -67,6 +69,7 @@ class Orchestrator:
         self.home = home
         self.definitions = definitions
         self.store = home.store
+        self.async_store = AsyncSagaStore(self.store)
 
     # -- entry points --------------------------------------------------------
 
@@ -77,21 +80,8 @@ class Orchestrator:
         data: BaseModel,
         idempotency_key: str | None = None,
     ) -> UUID:
-        if not isinstance(data, saga.data_model):
-            raise ConfigurationError(
-                f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
-            )
-        saga.check_data_size(data)
         saga_id = uuid7()
-        inserted = self.store.insert(
-            tx,
-            saga_id,
-            saga.name,
-            saga.version,
-            self.home.service_name,
-            data.model_dump(mode="json"),
-            idempotency_key,
-        )
+        inserted = self.store.insert(tx, self._new_saga(saga, data, saga_id, idempotency_key))
         if inserted is None:
             assert idempotency_key is not None
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
@@ -108,6 +98,49 @@ class Orchestrator:
             run.advance(0)
             self._apply(tx, run, None)
         return saga_id
+
+    async def start_async(
+        self,
+        tx: psycopg.AsyncConnection[Any],
+        saga: Saga[Any],
+        data: BaseModel,
+        idempotency_key: str | None = None,
+    ) -> UUID:
+        """Record a new saga and a :class:`StartSaga` for its home service, in ``tx``.
+
+        The first steps run when the orchestrator handles that message (local
+        steps need a synchronous connection); the row shows the saga running
+        with the message pending, so ``saga resume`` recovers it if it is lost.
+        """
+        saga_id = uuid7()
+        kick = Envelope.wrap(StartSaga(saga_id=saga_id), saga_id=saga_id, correlation_id=saga_id)
+        row = self._new_saga(saga, data, saga_id, idempotency_key)
+        inserted = await self.async_store.insert(tx, row, kick.message_id)
+        if inserted is None:
+            assert idempotency_key is not None
+            existing = await self.async_store.find_by_key(tx, saga.name, idempotency_key)
+            if existing is None:  # the other starter rolled back meanwhile: try again
+                return await self.start_async(tx, saga, data, idempotency_key)
+            return existing
+        await self.home.outbox.add_async(tx, kick, destination=self.home.service_name)
+        return saga_id
+
+    def on_start(
+        self,
+        tx: psycopg.Connection[Any],
+        request: StartSaga,
+        metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
+    ) -> None:
+        """Run the first steps of a saga recorded by :meth:`start_async`."""
+        record = self._load(tx, request.saga_id, batch)
+        with self._transition(tx, self._definition(record), record, None) as run:
+            begun = run.begin()
+            if begun:
+                self._apply(tx, run, metrics, batch)
+        if not begun:
+            logger.debug("saga %s has already begun; start ignored", record.id,
+                         extra={"saga_id": str(record.id)})  # fmt: skip
 
     def on_reply(
         self,
@@ -197,6 +230,12 @@ class Orchestrator:
     def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
         request_cancel(self.store, tx, saga_id, reason)
 
+    async def cancel_async(
+        self, tx: psycopg.AsyncConnection[Any], saga_id: UUID, reason: str
+    ) -> None:
+        if not await self.async_store.request_cancel(tx, saga_id, reason):
+            raise _cancel_refused(saga_id, await self.async_store.load(tx, saga_id))
+
     def on_resume(
         self,
         tx: psycopg.Connection[Any],
@@ -229,6 +268,19 @@ class Orchestrator:
             )
 
     # -- helpers -------------------------------------------------------------
+
+    def _new_saga(
+        self, saga: Saga[Any], data: BaseModel, saga_id: UUID, idempotency_key: str | None
+    ) -> NewSaga:
+        """The row of a new saga, its data checked."""
+        if not isinstance(data, saga.data_model):
+            raise ConfigurationError(
+                f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
+            )
+        saga.check_data_size(data)
+        dumped = data.model_dump(mode="json")
+        service = self.home.service_name
+        return NewSaga(saga_id, saga.name, saga.version, service, dumped, idempotency_key)
 
     def _read(
         self, tx: psycopg.Connection[Any], saga_id: UUID, batch: SagaBatch | None
@@ -422,13 +474,16 @@ def request_cancel(
     Refused (:class:`NotCancellable`) for a finished saga or one that reached
     its pivot step, which can only go forward.
     """
-    if store.request_cancel(tx, saga_id, reason):
-        return
-    record = store.load(tx, saga_id)
+    if not store.request_cancel(tx, saga_id, reason):
+        raise _cancel_refused(saga_id, store.load(tx, saga_id))
+
+
+def _cancel_refused(saga_id: UUID, record: SagaRecord | None) -> SagaError:
+    """Why a cancel request changed no row."""
     if record is None:
-        raise UnknownSaga(f"no saga {saga_id}")
+        return UnknownSaga(f"no saga {saga_id}")
     if record.status is not SagaStatus.RUNNING:
-        raise NotCancellable(
+        return NotCancellable(
             f"saga {saga_id} is {record.status.value}; only a running saga can be cancelled"
         )
-    raise NotCancellable(f"saga {saga_id} has reached its pivot step; it can only go forward")
+    return NotCancellable(f"saga {saga_id} has reached its pivot step; it can only go forward")

@@ -21,7 +21,7 @@ from saga.engine.batch import SagaBatch, SagaBatches
 from saga.engine.definition import RemoteStep, Saga, WaitStep
 from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
-from saga.engine.state import Phase, StepLogEntry
+from saga.engine.state import Phase, SagaRecord, StepLogEntry
 from saga.errors import ConfigurationError, SignalRejected
 from saga.handlers.retry import RetryPolicy
 from saga.handlers.service import Handler, Service
@@ -30,6 +30,7 @@ from saga.messaging.control import (
     FailureReply,
     ResumeSaga,
     Signal,
+    StartSaga,
     StepDeadline,
     StepTimer,
     WaitTimeout,
@@ -74,6 +75,7 @@ class SagaRegistry:
         self._sagas: dict[str, dict[int, Saga[Any]]] = {}
         self._internal: dict[type[BaseModel], Handler] = {
             StepTimer: self._on_timer,
+            StartSaga: self._on_start,
             ResumeSaga: self._on_resume,
             Signal: self._on_signal,
             WaitTimeout: self._on_wait_timeout,
@@ -143,11 +145,30 @@ class SagaRegistry:
         idempotency_key: str | None = None,
     ) -> UUID:
         """Start a saga in the caller's transaction; the same key twice gives the same id."""
+        saga_id: UUID = self.orchestrator.start(conn, self._own(saga), data, idempotency_key)
+        return saga_id
+
+    async def start_async(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        saga: Saga[Any] | str,
+        data: BaseModel,
+        *,
+        idempotency_key: str | None = None,
+    ) -> UUID:
+        """:meth:`start` on an async connection, atomically with the caller's transaction.
+
+        The saga row and a start message are written now; the orchestrator runs
+        the first steps (local ones included) when it handles that message.
+        """
+        definition = self._own(saga)
+        return await self.orchestrator.start_async(conn, definition, data, idempotency_key)
+
+    def _own(self, saga: Saga[Any] | str) -> Saga[Any]:
         definition = self.definition(saga) if isinstance(saga, str) else saga
         if definition.registry is not self:
             raise ConfigurationError(f"saga {definition.name!r} is not registered with {self!r}")
-        saga_id: UUID = self.orchestrator.start(conn, definition, data, idempotency_key)
-        return saga_id
+        return definition
 
     def signal(
         self,
@@ -161,7 +182,33 @@ class SagaRegistry:
         Raises :class:`~saga.errors.SignalRejected` (nothing written) for an unknown
         saga, one not waiting for ``event``, or data its wait step does not accept.
         """
-        record = signals.check_waiting(self.orchestrator.store.load(conn, saga_id), saga_id, event)
+        record = self.orchestrator.store.load(conn, saga_id)
+        return signals.queue_signal(
+            conn, self.outbox, *self._signal_payload(record, saga_id, event, data)
+        )
+
+    async def signal_async(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        saga_id: UUID,
+        event: str,
+        data: BaseModel | dict[str, Any],
+    ) -> UUID:
+        """:meth:`signal` on an async connection: the same checks, the same message."""
+        record = await self.orchestrator.async_store.load(conn, saga_id)
+        message = signals.signal_message(*self._signal_payload(record, saga_id, event, data))
+        await self.outbox.add_many_async(conn, [message])
+        return message.envelope.message_id
+
+    def _signal_payload(
+        self,
+        record: SagaRecord | None,
+        saga_id: UUID,
+        event: str,
+        data: BaseModel | dict[str, Any],
+    ) -> tuple[SagaRecord, str, dict[str, Any]]:
+        """The waiting saga's record, the event, and ``data`` checked by its wait step."""
+        record = signals.check_waiting(record, saga_id, event)
         step = self.definition(record.name, record.saga_version).step(record.step or "")
         assert isinstance(step, WaitStep)
         try:
@@ -170,9 +217,7 @@ class SagaRegistry:
             )
         except ValidationError as exc:
             raise SignalRejected(f"invalid {event!r} data for saga {saga_id}: {exc}") from None
-        return signals.queue_signal(
-            conn, self.outbox, record, event, payload.model_dump(mode="json")
-        )
+        return record, event, payload.model_dump(mode="json")
 
     def check_versions(self, conn: psycopg.Connection[Any]) -> None:
         """Refuse to run without the definitions that unfinished sagas still need."""
@@ -237,6 +282,12 @@ class SagaRegistry:
         """Ask a running saga to compensate from where it is (in the caller's transaction)."""
         self.orchestrator.cancel(conn, saga_id, reason)
 
+    async def cancel_async(
+        self, conn: psycopg.AsyncConnection[Any], saga_id: UUID, reason: str
+    ) -> None:
+        """:meth:`cancel` on an async connection."""
+        await self.orchestrator.cancel_async(conn, saga_id, reason)
+
     # -- the consumer ----------------------------------------------------------
 
     def as_service(self) -> Service:
@@ -256,6 +307,11 @@ class SagaRegistry:
 
     def _on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, ctx: HandlerContext) -> None:
         self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics, _batch(ctx))
+
+    def _on_start(
+        self, tx: psycopg.Connection[Any], request: StartSaga, ctx: HandlerContext
+    ) -> None:
+        self.orchestrator.on_start(tx, request, ctx.metrics, _batch(ctx))
 
     def _on_resume(
         self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext

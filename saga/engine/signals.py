@@ -16,7 +16,8 @@ import psycopg
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.errors import SignalRejected
 from saga.messaging.control import Signal
-from saga.messaging.outbox import Outbox
+from saga.messaging.envelope import Envelope
+from saga.messaging.outbox import Outbox, OutgoingMessage
 
 
 def check_waiting(record: SagaRecord | None, saga_id: UUID, event: str) -> SagaRecord:
@@ -34,6 +35,12 @@ def check_waiting(record: SagaRecord | None, saga_id: UUID, event: str) -> SagaR
     return record
 
 
+def signal_message(record: SagaRecord, event: str, data: dict[str, Any]) -> OutgoingMessage:
+    """The signal for ``record``'s saga, addressed to its home service."""
+    envelope = Envelope.wrap(Signal(saga_id=record.id, event=event, data=data), saga_id=record.id)
+    return OutgoingMessage(envelope, record.service)
+
+
 def queue_signal(
     conn: psycopg.Connection[Any],
     outbox: Outbox,
@@ -42,9 +49,6 @@ def queue_signal(
     data: dict[str, Any],
 ) -> UUID:
     """Send the signal to the saga's home service in the caller's transaction."""
-    return outbox.add(
-        conn,
-        Signal(saga_id=record.id, event=event, data=data),
-        destination=record.service,
-        saga_id=record.id,
-    )
+    message = signal_message(record, event, data)
+    outbox.add_many(conn, [message])
+    return message.envelope.message_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -21,8 +22,8 @@ _COLUMNS = """id, name, saga_version, service, status, step, data, completed_ste
 
 _INSERT = """
 INSERT INTO {schema}.saga_instances
-    (id, name, saga_version, service, status, data, idempotency_key)
-VALUES (%s, %s, %s, %s, 'running', %s, %s)
+    (id, name, saga_version, service, status, data, idempotency_key, pending_message_id)
+VALUES (%s, %s, %s, %s, 'running', %s, %s, %s)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
 
@@ -136,6 +137,30 @@ LIMIT %(limit)s
 """
 
 
+@dataclass(frozen=True, slots=True)
+class NewSaga:
+    """The row of a saga about to start."""
+
+    id: UUID
+    name: str
+    saga_version: int
+    service: str
+    data: dict[str, Any]
+    idempotency_key: str | None
+
+    def params(self, pending_message_id: UUID | None) -> tuple[Any, ...]:
+        """The parameters of the insert statement."""
+        return (
+            self.id,
+            self.name,
+            self.saga_version,
+            self.service,
+            Jsonb(self.data),
+            self.idempotency_key,
+            pending_message_id,
+        )
+
+
 class SagaStore:
     """Statements on one schema's saga tables, on the caller's connection."""
 
@@ -159,20 +184,11 @@ class SagaStore:
         self._list = render(_LIST, schema)
 
     def insert(
-        self,
-        conn: psycopg.Connection[Any],
-        saga_id: UUID,
-        name: str,
-        saga_version: int,
-        service: str,
-        data: dict[str, Any],
-        idempotency_key: str | None,
+        self, conn: psycopg.Connection[Any], saga: NewSaga, pending_message_id: UUID | None = None
     ) -> UUID | None:
         """Insert a new running saga; None if one with this idempotency key exists."""
-        cur = conn.execute(
-            self._insert, (saga_id, name, saga_version, service, Jsonb(data), idempotency_key)
-        )
-        return saga_id if cur.rowcount == 1 else None
+        cur = conn.execute(self._insert, saga.params(pending_message_id))
+        return saga.id if cur.rowcount == 1 else None
 
     def find_by_key(self, conn: psycopg.Connection[Any], name: str, key: str) -> UUID | None:
         row = conn.execute(self._by_key, (name, key)).fetchone()
@@ -235,7 +251,7 @@ class SagaStore:
 
     def request_cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> bool:
         """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""
-        cur = conn.execute(self._request_cancel, (f"cancelled: {reason}", saga_id))
+        cur = conn.execute(self._request_cancel, _cancel_params(saga_id, reason))
         return cur.rowcount == 1
 
     def unfinished_by_version(
@@ -315,7 +331,50 @@ class SagaStore:
         return [SagaSummary(*row) for row in rows]
 
 
+class AsyncSagaStore:
+    """The statements an app writes with, on a :class:`psycopg.AsyncConnection`.
+
+    The same SQL and row mapping as :class:`SagaStore` (whose rendered
+    statements it reuses); only the I/O is awaited.
+    """
+
+    def __init__(self, store: SagaStore) -> None:
+        self.store = store
+
+    async def insert(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        saga: NewSaga,
+        pending_message_id: UUID | None = None,
+    ) -> UUID | None:
+        """See :meth:`SagaStore.insert`."""
+        cur = await conn.execute(self.store._insert, saga.params(pending_message_id))
+        return saga.id if cur.rowcount == 1 else None
+
+    async def find_by_key(
+        self, conn: psycopg.AsyncConnection[Any], name: str, key: str
+    ) -> UUID | None:
+        row = await (await conn.execute(self.store._by_key, (name, key))).fetchone()
+        return row[0] if row else None
+
+    async def load(self, conn: psycopg.AsyncConnection[Any], saga_id: UUID) -> SagaRecord | None:
+        row = await (await conn.execute(self.store._load, (saga_id,), prepare=True)).fetchone()
+        return None if row is None else _record(row)
+
+    async def request_cancel(
+        self, conn: psycopg.AsyncConnection[Any], saga_id: UUID, reason: str
+    ) -> bool:
+        """See :meth:`SagaStore.request_cancel`."""
+        cur = await conn.execute(self.store._request_cancel, _cancel_params(saga_id, reason))
+        return cur.rowcount == 1
+
+
+def _cancel_params(saga_id: UUID, reason: str) -> tuple[str, UUID]:
+    return f"cancelled: {reason}", saga_id
+
+
 def _record(row: Sequence[Any]) -> SagaRecord:
+    """A ``saga_instances`` row (selected as ``_COLUMNS``) as a record."""
     return SagaRecord(
         id=row[0],
         name=row[1],

@@ -174,9 +174,23 @@ class Transition:
         else:
             self._compensate_next(attempt=timer.attempt)
 
+    def begin(self) -> bool:
+        """Run the first steps of a saga recorded without them (``start_async``).
+
+        False when the saga has already begun (its start message came twice, or
+        a resume got there first).
+        """
+        record = self.record
+        if record.status is not SagaStatus.RUNNING or record.step or record.completed_steps:
+            return False
+        self.advance(0)
+        return True
+
     def resume(self) -> bool:
         """Try again what stopped the saga; False when there is nothing to resume."""
         record = self.record
+        if self.begin():  # its start message was lost
+            return True
         self._release_hold()  # a held step is sent again, like a stuck one
         if record.status is SagaStatus.COMPENSATION_FAILED:
             record.status = SagaStatus.COMPENSATING

@@ -48,6 +48,19 @@ class StepTimer(BaseModel):
     attempt: int
 
 
+class StartSaga(BaseModel):
+    """Sent to a saga's home service by ``start_async``: run the saga's first steps.
+
+    An async caller cannot run local steps (they take a synchronous connection),
+    so its transaction records the saga and this message; the orchestrator then
+    moves the saga on in its own transaction, as for any later step.
+    """
+
+    message_type: ClassVar[str] = "saga.StartSaga"
+
+    saga_id: UUID
+
+
 class ResumeSaga(BaseModel):
     """Sent to a saga's home service by ``saga resume`` (or a replayed saga dead letter)."""
 

@@ -3,18 +3,19 @@
 ``Outbox.add`` inserts one row on the connection it is given and never
 commits; the message leaves only if the caller's transaction commits. The
 relay (``saga relay``) later publishes the row and deletes it.
+``Outbox.add_async`` is the same write on a ``psycopg.AsyncConnection``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, overload
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -139,7 +140,6 @@ class Outbox:
             headers=headers,
         )
 
-    @overload
     def add(
         self,
         conn: psycopg.Connection[Any],
@@ -148,10 +148,20 @@ class Outbox:
         destination: str,
         deliver_after: Delay = None,
         **envelope_fields: Any,
-    ) -> UUID: ...
+    ) -> UUID:
+        """Insert ``message`` for ``destination`` in the caller's transaction.
 
-    @overload
-    def add(
+        ``message`` is a pydantic model (wrapped in a new envelope, see
+        :meth:`envelope` for the keyword fields) or a ready envelope.
+        ``deliver_after`` (a datetime, or a delay from the transaction's
+        start) holds the message back until then. Returns the message id.
+        On a :class:`psycopg.AsyncConnection`, use :meth:`add_async`.
+        """
+        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
+        self.add_many(conn, [outgoing])
+        return outgoing.envelope.message_id
+
+    async def add_async(
         self,
         conn: psycopg.AsyncConnection[Any],
         message: BaseModel | Envelope,
@@ -159,33 +169,11 @@ class Outbox:
         destination: str,
         deliver_after: Delay = None,
         **envelope_fields: Any,
-    ) -> Awaitable[UUID]: ...
-
-    def add(
-        self,
-        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
-        message: BaseModel | Envelope,
-        *,
-        destination: str,
-        deliver_after: Delay = None,
-        **envelope_fields: Any,
-    ) -> UUID | Awaitable[UUID]:
-        """Insert ``message`` for ``destination`` in the caller's transaction.
-
-        ``message`` is a pydantic model (wrapped in a new envelope, see
-        :meth:`envelope` for the keyword fields) or a ready envelope.
-        ``deliver_after`` (a datetime, or a delay from the transaction's
-        start) holds the message back until then. Returns the message id.
-        With an :class:`psycopg.AsyncConnection`, returns an awaitable.
-        """
-        envelope = (
-            message if isinstance(message, Envelope) else self.envelope(message, **envelope_fields)
-        )
-        outgoing = [OutgoingMessage(envelope, destination, deliver_after)]
-        if isinstance(conn, psycopg.AsyncConnection):
-            return self._add_async(conn, outgoing)
-        self.add_many(conn, outgoing)
-        return envelope.message_id
+    ) -> UUID:
+        """:meth:`add` on an :class:`psycopg.AsyncConnection`: the same row, the same rules."""
+        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
+        await self.add_many_async(conn, [outgoing])
+        return outgoing.envelope.message_id
 
     def add_many(
         self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]
@@ -204,34 +192,57 @@ class Outbox:
         """Insert rows made by :meth:`rows` in one statement; return their ids."""
         if not rows:
             return []
-        if len(rows) == 1:  # the usual case for an app's write: a plain prepared insert
-            ids = [row[0] for row in conn.execute(self._insert, rows[0], prepare=True)]
-        else:
-            columns = [list(column) for column in zip(*rows, strict=True)]
-            ids = [row[0] for row in conn.execute(self._insert_many, columns, prepare=True)]
+        ids = [row[0] for row in conn.execute(*self._statement(rows), prepare=True)]
         self.written(conn, ids)
         return ids
 
     def written(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
         """Announce outbox rows just written on ``conn`` by other means than :meth:`add`:
         gathered for :func:`collect_written`, or else a (debounced) wake-up for relays."""
+        if self._wake_due(ids):
+            conn.execute(_WAKE, (self._channel,))
+
+    async def add_many_async(
+        self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]
+    ) -> list[int]:
+        """:meth:`add_many` on an :class:`psycopg.AsyncConnection`: the same statements."""
+        rows = self.rows(messages)
+        if not rows:
+            return []
+        cur = await conn.execute(*self._statement(rows), prepare=True)
+        ids = [row[0] for row in await cur.fetchall()]
+        if self._wake_due(ids):
+            await conn.execute(_WAKE, (self._channel,))
+        return ids
+
+    def _outgoing(
+        self,
+        message: BaseModel | Envelope,
+        destination: str,
+        deliver_after: Delay,
+        envelope_fields: dict[str, Any],
+    ) -> OutgoingMessage:
+        envelope = (
+            message if isinstance(message, Envelope) else self.envelope(message, **envelope_fields)
+        )
+        return OutgoingMessage(envelope, destination, deliver_after)
+
+    def _statement(self, rows: Sequence[OutboxRow]) -> tuple[str, Sequence[Any]]:
+        """The insert for ``rows``: a plain prepared one for a single row (the usual case
+        for an app's write), else one multi-row statement with a column per array."""
+        if len(rows) == 1:
+            return self._insert, rows[0]
+        return self._insert_many, [list(column) for column in zip(*rows, strict=True)]
+
+    def _wake_due(self, ids: Sequence[int]) -> bool:
+        """Hand ``ids`` to :func:`collect_written`, or say whether to wake the relays now."""
         if not ids:
-            return
+            return False
         collector = _collected.get()
         if collector is not None:
             collector.extend(ids)
-        elif self._should_wake():
-            conn.execute(_WAKE, (self._channel,))
-
-    async def _add_async(
-        self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]
-    ) -> UUID:
-        params = [self._params(m) for m in messages]
-        async with conn.cursor() as cur:
-            await cur.executemany(self._insert, params)
-            if self._should_wake():
-                await cur.execute(_WAKE, (self._channel,))
-        return messages[0].envelope.message_id
+            return False
+        return self._should_wake()
 
     def _params(self, message: OutgoingMessage) -> OutboxRow:
         destination = validate_name(message.destination, "destination")

@@ -83,7 +83,7 @@ def test_async_connection(db: TestDatabase) -> None:
     async def write() -> None:
         conn = await psycopg.AsyncConnection.connect(db.url)
         async with conn, conn.transaction():
-            await Outbox().add(conn, OrderPlaced(order_id="a1"), destination="billing")
+            await Outbox().add_async(conn, OrderPlaced(order_id="a1"), destination="billing")
 
     asyncio.run(write())
     assert db.scalar("SELECT count(*) FROM saga.outbox") == 1

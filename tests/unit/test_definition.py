@@ -189,6 +189,7 @@ def test_registry_service_handles_every_reply_type() -> None:
         "saga.FailureReply",
         "saga.ResumeSaga",
         "saga.Signal",
+        "saga.StartSaga",
         "saga.StepDeadline",
         "saga.StepTimer",
         "saga.WaitTimeout",
