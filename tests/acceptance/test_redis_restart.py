@@ -100,12 +100,6 @@ def _count(system: Cluster, service: str, query: str) -> int:
     return int(row[0]) if row else 0
 
 
-@pytest.mark.xfail(
-    reason="kombu's Redis transport consumes with BRPOP: a message Redis popped (and wrote to "
-    "its append-only file) whose reply the consumer never got when Redis was killed is gone; "
-    "seen to strand a saga or two per restart under load (docs/operations.md)",
-    strict=False,
-)
 def test_a_persistent_redis_restarted_mid_run_loses_nothing(
     redis_system: Callable[[bool], tuple[Cluster, RedisServer]], tmp_path: Path
 ) -> None:
