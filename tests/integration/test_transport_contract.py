@@ -5,14 +5,21 @@ Each test here runs once per transport through the ``any_broker`` fixture.
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
+import redis
+from kombu import Consumer, Message, Producer
 
 from consumers import Outcome
 from examples.order_saga.redis_server import RedisServer
 from saga import Outbox
+from saga.broker.redis_transport import REGISTRY
+from saga.broker.transport import BrokerConfig, Topology
 from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
@@ -168,3 +175,50 @@ def test_sagas_stranded_by_a_redis_without_persistence_are_recovered_by_bulk_res
             "SELECT count(DISTINCT key) = 30 AND count(*) = 30 FROM effects WHERE kind = %s",
             (kind,),
         ), kind
+
+
+def test_a_message_redis_took_for_a_consumer_whose_reply_was_lost_is_delivered_again(
+    private_redis: Callable[..., RedisServer],
+) -> None:
+    """Redis takes a message for a waiting consumer (and writes that to its append-only
+    file); the reply never reaches it (its connection dies unread), and Redis crashes.
+    The message is not lost: another consumer gets it once the first one's heartbeat
+    has expired, and afterwards nothing is left in Redis."""
+    server = private_redis(persistent=True)
+    config = BrokerConfig(server.url, visibility_timeout=2)
+    queue = Topology(queue_prefix=f"t{uuid.uuid4().hex[:10]}.").queue("svc")
+    redis_client = redis.Redis.from_url(server.url)
+    doomed = config.connect()
+    channel = doomed.channel()
+    Consumer(channel, queues=[queue], accept=["application/json"]).consume()
+    with pytest.raises(TimeoutError):
+        doomed.drain_events(timeout=0.05)  # the take is sent; nothing to take yet
+    with config.connect() as publisher:
+        Producer(publisher.channel()).publish(
+            {"n": 1}, exchange="", routing_key=queue.name, serializer="json"
+        )
+    wait_until(lambda: redis_client.llen(queue.name) == 0, what="Redis took the message")
+    channel.client.connection._sock.close()  # the consumer's connection dies, reply unread
+    server.restart()
+    received: list[Any] = []
+
+    def on_message(body: Any, message: Message) -> None:
+        received.append(body)
+        message.ack()
+
+    with config.connect() as survivor:
+        Consumer(
+            survivor.channel(), queues=[queue], callbacks=[on_message], accept=["application/json"]
+        ).consume()
+
+        def delivered() -> bool:
+            with contextlib.suppress(TimeoutError):
+                survivor.drain_events(timeout=0.2)
+            return bool(received)
+
+        wait_until(delivered, 30, what="the message Redis took for the lost consumer")
+    assert received == [{"n": 1}]
+    redis_client = redis.Redis.from_url(server.url)
+    assert redis_client.llen(queue.name) == 0 and redis_client.hlen("unacked") == 0
+    lists = redis_client.hkeys(REGISTRY)
+    assert lists and all(redis_client.llen(key) == 0 for key in lists)
