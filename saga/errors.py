@@ -68,6 +68,11 @@ class StepFailed(SagaError):
         self.code = code
 
 
+class IdempotencyKeyTaken(SagaError):
+    """A saga with this start's idempotency key exists: the start undoes what it ran and
+    returns that saga's id (never raised out of ``start``)."""
+
+
 class UnknownSaga(SagaError):
     """A message names a saga instance this database does not have (retried, then dead-lettered)."""
 

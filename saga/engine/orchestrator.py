@@ -30,10 +30,11 @@ from saga.engine.routing import (
     wait_timeout_applies,
 )
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
-from saga.engine.store import AsyncSagaStore, NewSaga, SagaStore
+from saga.engine.store import AsyncSagaStore, SagaStore
 from saga.engine.transitions import LocalOutcome, Transition
 from saga.errors import (
     ConfigurationError,
+    IdempotencyKeyTaken,
     NotCancellable,
     SagaError,
     StaleReply,
@@ -80,24 +81,28 @@ class Orchestrator:
         data: BaseModel,
         idempotency_key: str | None = None,
     ) -> UUID:
-        saga_id = uuid7()
-        inserted = self.store.insert(tx, self._new_saga(saga, data, saga_id, idempotency_key))
-        if inserted is None:
+        """Start a saga in ``tx``: its first steps run now, and the row is written as they
+        leave it, in one insert. A start whose idempotency key is taken undoes the local
+        steps it ran and returns the existing saga's id."""
+        record = self._new_record(saga, data, idempotency_key, pending=None)
+        attributes = {tracing.SAGA_ID: record.id, tracing.SAGA_NAME: saga.name}
+        try:
+            with (
+                tracing.span(f"saga {saga.name} start", attributes=attributes),
+                self._transition(tx, saga, record, cause=None) as run,
+            ):
+                run.advance(0)
+                result = run.result()
+                if not self.store.insert(tx, result.record):
+                    raise IdempotencyKeyTaken
+                self.home.persist(tx, None, result.log, result.outgoing, result.dead_letters)
+        except IdempotencyKeyTaken:
             assert idempotency_key is not None
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
             if existing is None:  # the other starter rolled back meanwhile: try again
                 return self.start(tx, saga, data, idempotency_key)
             return existing
-        record = self.store.load(tx, saga_id)
-        assert record is not None
-        attributes = {tracing.SAGA_ID: saga_id, tracing.SAGA_NAME: saga.name}
-        with (
-            tracing.span(f"saga {saga.name} start", attributes=attributes),
-            self._transition(tx, saga, record, cause=None) as run,
-        ):
-            run.advance(0)
-            self._apply(tx, run, None)
-        return saga_id
+        return record.id
 
     async def start_async(
         self,
@@ -114,9 +119,8 @@ class Orchestrator:
         """
         saga_id = uuid7()
         kick = Envelope.wrap(StartSaga(saga_id=saga_id), saga_id=saga_id, correlation_id=saga_id)
-        row = self._new_saga(saga, data, saga_id, idempotency_key)
-        inserted = await self.async_store.insert(tx, row, kick.message_id)
-        if inserted is None:
+        record = self._new_record(saga, data, idempotency_key, kick.message_id, saga_id)
+        if not await self.async_store.insert(tx, record):
             assert idempotency_key is not None
             existing = await self.async_store.find_by_key(tx, saga.name, idempotency_key)
             if existing is None:  # the other starter rolled back meanwhile: try again
@@ -269,18 +273,37 @@ class Orchestrator:
 
     # -- helpers -------------------------------------------------------------
 
-    def _new_saga(
-        self, saga: Saga[Any], data: BaseModel, saga_id: UUID, idempotency_key: str | None
-    ) -> NewSaga:
-        """The row of a new saga, its data checked."""
+    def _new_record(
+        self,
+        saga: Saga[Any],
+        data: BaseModel,
+        idempotency_key: str | None,
+        pending: UUID | None,
+        saga_id: UUID | None = None,
+    ) -> SagaRecord:
+        """The record of a new running saga, its data checked, nothing run yet."""
         if not isinstance(data, saga.data_model):
             raise ConfigurationError(
                 f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
             )
         saga.check_data_size(data)
-        dumped = data.model_dump(mode="json")
-        service = self.home.service_name
-        return NewSaga(saga_id, saga.name, saga.version, service, dumped, idempotency_key)
+        return SagaRecord(
+            id=saga_id or uuid7(),
+            name=saga.name,
+            saga_version=saga.version,
+            service=self.home.service_name,
+            status=SagaStatus.RUNNING,
+            step=None,
+            data=data.model_dump(mode="json"),
+            completed_steps=[],
+            pending_message_id=pending,
+            step_attempt=1,
+            cancel_requested=False,
+            pivot_reached=False,
+            last_error=None,
+            idempotency_key=idempotency_key,
+            version=0,
+        )
 
     def _read(
         self, tx: psycopg.Connection[Any], saga_id: UUID, batch: SagaBatch | None

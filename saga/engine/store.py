@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -20,10 +19,14 @@ _COLUMNS = """id, name, saga_version, service, status, step, data, completed_ste
     version, started_at, updated_at, step_started_at, finished_at, waiting_for, wait_schema,
     wait_deadline"""
 
+#: A new saga, written as its first transition left it (one statement per start).
 _INSERT = """
 INSERT INTO {schema}.saga_instances
-    (id, name, saga_version, service, status, data, idempotency_key, pending_message_id)
-VALUES (%s, %s, %s, %s, 'running', %s, %s, %s)
+    (id, name, saga_version, service, status, step, data, completed_steps, pending_message_id,
+     step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key, step_started_at,
+     waiting_for, wait_schema, wait_deadline, finished_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+        CASE WHEN %s THEN now() END)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
 
@@ -137,30 +140,6 @@ LIMIT %(limit)s
 """
 
 
-@dataclass(frozen=True, slots=True)
-class NewSaga:
-    """The row of a saga about to start."""
-
-    id: UUID
-    name: str
-    saga_version: int
-    service: str
-    data: dict[str, Any]
-    idempotency_key: str | None
-
-    def params(self, pending_message_id: UUID | None) -> tuple[Any, ...]:
-        """The parameters of the insert statement."""
-        return (
-            self.id,
-            self.name,
-            self.saga_version,
-            self.service,
-            Jsonb(self.data),
-            self.idempotency_key,
-            pending_message_id,
-        )
-
-
 class SagaStore:
     """Statements on one schema's saga tables, on the caller's connection."""
 
@@ -183,12 +162,9 @@ class SagaStore:
         self._migrate_batch = render(_MIGRATE_BATCH, schema)
         self._list = render(_LIST, schema)
 
-    def insert(
-        self, conn: psycopg.Connection[Any], saga: NewSaga, pending_message_id: UUID | None = None
-    ) -> UUID | None:
-        """Insert a new running saga; None if one with this idempotency key exists."""
-        cur = conn.execute(self._insert, saga.params(pending_message_id))
-        return saga.id if cur.rowcount == 1 else None
+    def insert(self, conn: psycopg.Connection[Any], record: SagaRecord) -> bool:
+        """Insert a new saga; False (nothing written) if its idempotency key is taken."""
+        return conn.execute(self._insert, _insert_params(record), prepare=True).rowcount == 1
 
     def find_by_key(self, conn: psycopg.Connection[Any], name: str, key: str) -> UUID | None:
         row = conn.execute(self._by_key, (name, key)).fetchone()
@@ -341,15 +317,10 @@ class AsyncSagaStore:
     def __init__(self, store: SagaStore) -> None:
         self.store = store
 
-    async def insert(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        saga: NewSaga,
-        pending_message_id: UUID | None = None,
-    ) -> UUID | None:
+    async def insert(self, conn: psycopg.AsyncConnection[Any], record: SagaRecord) -> bool:
         """See :meth:`SagaStore.insert`."""
-        cur = await conn.execute(self.store._insert, saga.params(pending_message_id))
-        return saga.id if cur.rowcount == 1 else None
+        cur = await conn.execute(self.store._insert, _insert_params(record), prepare=True)
+        return cur.rowcount == 1
 
     async def find_by_key(
         self, conn: psycopg.AsyncConnection[Any], name: str, key: str
@@ -367,6 +338,30 @@ class AsyncSagaStore:
         """See :meth:`SagaStore.request_cancel`."""
         cur = await conn.execute(self.store._request_cancel, _cancel_params(saga_id, reason))
         return cur.rowcount == 1
+
+
+def _insert_params(record: SagaRecord) -> tuple[Any, ...]:
+    return (
+        record.id,
+        record.name,
+        record.saga_version,
+        record.service,
+        record.status.value,
+        record.step,
+        Jsonb(record.data),
+        record.completed_steps,
+        record.pending_message_id,
+        record.step_attempt,
+        record.cancel_requested,
+        record.pivot_reached,
+        record.last_error,
+        record.idempotency_key,
+        record.step_started_at,
+        record.waiting_for,
+        Jsonb(record.wait_schema) if record.wait_schema is not None else None,
+        record.wait_deadline,
+        record.status.finished or record.status.needs_operator,
+    )
 
 
 def _cancel_params(saga_id: UUID, reason: str) -> tuple[str, UUID]:
