@@ -22,9 +22,9 @@ _COLUMNS = """id, name, saga_version, service, status, step, data, completed_ste
 #: A new saga, written as its first transition left it (one statement per start).
 _INSERT = """
 INSERT INTO {schema}.saga_instances
-    (id, name, saga_version, service, status, step, data, completed_steps, pending_message_id,
-     step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key, step_started_at,
-     waiting_for, wait_schema, wait_deadline, finished_at)
+    (id, name, saga_version, service, idempotency_key, status, step, data, completed_steps,
+     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error,
+     step_started_at, waiting_for, wait_schema, wait_deadline, finished_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
         CASE WHEN %s THEN now() END)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -199,28 +199,8 @@ class SagaStore:
 
     def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
         """Write ``record`` if nobody changed it since it was read; bump its version."""
-        cur = conn.execute(
-            self._update,
-            (
-                record.status.value,
-                record.step,
-                Jsonb(record.data),
-                record.completed_steps,
-                record.pending_message_id,
-                record.step_attempt,
-                record.cancel_requested,
-                record.pivot_reached,
-                record.last_error,
-                record.step_started_at,
-                record.waiting_for,
-                Jsonb(record.wait_schema) if record.wait_schema is not None else None,
-                record.wait_deadline,
-                record.status.finished or record.status.needs_operator,
-                record.id,
-                record.version,
-            ),
-            prepare=True,
-        )
+        params = (*_state_params(record), record.id, record.version)
+        cur = conn.execute(self._update, params, prepare=True)
         if cur.fetchone() is None:
             raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
         record.version += 1
@@ -341,11 +321,13 @@ class AsyncSagaStore:
 
 
 def _insert_params(record: SagaRecord) -> tuple[Any, ...]:
+    identity = (record.id, record.name, record.saga_version, record.service)
+    return (*identity, record.idempotency_key, *_state_params(record))
+
+
+def _state_params(record: SagaRecord) -> tuple[Any, ...]:
+    """What a step changes in a saga's row, in the order the insert and update name it."""
     return (
-        record.id,
-        record.name,
-        record.saga_version,
-        record.service,
         record.status.value,
         record.step,
         Jsonb(record.data),
@@ -355,7 +337,6 @@ def _insert_params(record: SagaRecord) -> tuple[Any, ...]:
         record.cancel_requested,
         record.pivot_reached,
         record.last_error,
-        record.idempotency_key,
         record.step_started_at,
         record.waiting_for,
         Jsonb(record.wait_schema) if record.wait_schema is not None else None,
