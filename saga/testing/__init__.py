@@ -15,7 +15,8 @@ rest of this package needs no pytest. See docs/testing.md.
 from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
 from saga.testing.harness import Consumed, SagaHarness, TimelineEntry
-from saga.testing.messages import Message, PayloadMismatch
+from saga.errors import PayloadMismatch
+from saga.testing.messages import Message
 from saga.testing.stubs import Fail, PendingCommand
 
 __all__ = [

@@ -263,7 +263,8 @@ class SagaHarness:
         """The saga's data as its definition's model."""
         record = self.record(saga_id)
         definition = self._registry().definition(record.name, record.saga_version)
-        return definition.data_model.model_validate(record.data)
+        data: BaseModel = definition.data_model.model_validate(record.data)
+        return data
 
     def timeline(self, saga_id: UUID) -> list[TimelineEntry]:
         rows = self._registry().orchestrator.store.timeline(self.conn, saga_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from saga.errors import PayloadMismatch
 from saga.messaging.envelope import Envelope, message_type_of
 
 M = TypeVar("M", bound=BaseModel)
@@ -33,16 +35,12 @@ class Message:
     def payload(self) -> dict[str, Any]:
         return self.envelope.payload
 
-    def as_model(self, model: type[M]) -> M:
+    def as_model(self, model: builtins.type[M]) -> M:
         """The payload read as ``model``."""
         return model.model_validate(self.envelope.payload)
 
     def __repr__(self) -> str:
         return f"<{self.type} to {self.destination}: {json.dumps(self.payload, sort_keys=True)}>"
-
-
-class PayloadMismatch(AssertionError):
-    """A message differs from the one the test expected; the text shows both side by side."""
 
 
 def check_message(expected: Expected, actual: Message, what: str) -> None:
