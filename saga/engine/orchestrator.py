@@ -459,9 +459,7 @@ class SavepointSteps:
     runs no local step issues no statement here.
     """
 
-    def __init__(
-        self, tx: psycopg.Connection[Any], clock: Callable[[], datetime] = now
-    ) -> None:
+    def __init__(self, tx: psycopg.Connection[Any], clock: Callable[[], datetime] = now) -> None:
         self.tx = tx
         self.clock = clock
         self._all: ExitStack | None = None
