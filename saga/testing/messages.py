@@ -76,9 +76,14 @@ def side_by_side(expected: dict[str, Any], actual: dict[str, Any]) -> str:
         rows.append((key, want, got, "" if want == got else "<-- differs"))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     return "\n".join(
-        "  " + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])) + "  " + row[3]
+        (
+            "  "
+            + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3]))
+            + "  "
+            + row[3]
+        ).rstrip()
         for row in rows
-    ).rstrip()
+    )
 
 
 def _show(values: dict[str, Any], key: str) -> str:
