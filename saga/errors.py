@@ -174,3 +174,8 @@ class Rejection(SagaError):
     @property
     def message_id(self) -> UUID | None:
         return self.envelope.message_id if self.envelope else None
+
+
+class PayloadMismatch(SagaError, AssertionError):
+    """A test's expected message differs from the one sent (saga.testing); the text
+    shows both side by side."""

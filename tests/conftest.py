@@ -63,6 +63,12 @@ def database_factory(postgres_url: str) -> Iterator[DatabaseFactory]:
     factory.close()
 
 
+@pytest.fixture(scope="session")
+def saga_database_url(database_factory: DatabaseFactory) -> str:
+    """saga.testing's harness (its pytest plugin) on a database of its own on the test server."""
+    return database_factory.create().url
+
+
 @pytest.fixture
 def db(database_factory: DatabaseFactory) -> Iterator[TestDatabase]:
     """A fresh database with the framework's tables (schema ``saga``)."""

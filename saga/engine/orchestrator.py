@@ -71,6 +71,9 @@ class Orchestrator:
         self.definitions = definitions
         self.store = home.store
         self.async_store = AsyncSagaStore(self.store)
+        #: What time it is for the sagas' transitions and step log (saga.testing's virtual
+        #: clock replaces it; the timers themselves are delayed outbox rows).
+        self.clock: Callable[[], datetime] = now
 
     # -- entry points --------------------------------------------------------
 
@@ -328,7 +331,7 @@ class Orchestrator:
         batch: SagaBatch | None,
     ) -> None:
         """Record, without touching the saga, an event that arrived too late to matter."""
-        moment = now()
+        moment = self.clock()
         entry = StepLogEntry(
             record.id, step, Phase.FORWARD, record.step_attempt, "ignored", moment, moment, reason
         )
@@ -411,13 +414,13 @@ class Orchestrator:
         cause: Envelope | None,
     ) -> Iterator[Transition]:
         """A transition of ``record`` now; the local steps it runs are undone if it fails."""
-        steps = SavepointSteps(tx)
+        steps = SavepointSteps(tx, self.clock)
         try:
             yield Transition(
                 saga,
                 record,
                 cause=cause,
-                at=now(),
+                at=self.clock(),
                 home_service=self.home.service_name,
                 local_steps=steps,
             )
@@ -456,27 +459,28 @@ class SavepointSteps:
     runs no local step issues no statement here.
     """
 
-    def __init__(self, tx: psycopg.Connection[Any]) -> None:
+    def __init__(self, tx: psycopg.Connection[Any], clock: Callable[[], datetime] = now) -> None:
         self.tx = tx
+        self.clock = clock
         self._all: ExitStack | None = None
 
     def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
         if self._all is None:
             self._all = ExitStack()
             self._all.enter_context(self.tx.transaction())
-        started = now()
+        started = self.clock()
         try:
             with self.tx.transaction():
                 if compensation:
                     fault_point("orchestrator.in_compensation")
                 result = action(self.tx, data)
         except StepFailed as failure:
-            return LocalOutcome(None, failure, started, now())
+            return LocalOutcome(None, failure, started, self.clock())
         except Exception as exc:
             if not compensation:
                 raise
-            return LocalOutcome(None, exc, started, now())
-        return LocalOutcome(result, None, started, now())
+            return LocalOutcome(None, exc, started, self.clock())
+        return LocalOutcome(result, None, started, self.clock())
 
     def keep(self) -> None:
         """The transition went through: its local steps' writes stay."""

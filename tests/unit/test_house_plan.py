@@ -31,6 +31,7 @@ LAYERS = [
     "saga",
     "outbox_relay",
     "consumers",
+    "saga.testing",
     "saga.cli",
 ]
 #: What the core (everything before ``saga.broker``) must never import.

@@ -1,0 +1,360 @@
+"""A saga and its participants in one process, on a real PostgreSQL, with a virtual clock.
+
+Messages go from outbox to handler in process: the harness takes every row of
+the outbox, hands each to its destination (a real service's batch processor,
+with its inbox, savepoints and replies, or a stub the test answers) and
+records it. A delayed row (a timer, a wait's timeout, a deadline, a retry) is
+due at the virtual time it was written plus its delay; :meth:`advance` fires
+what falls due, in order, and nothing ever sleeps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel
+
+from consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.effects.side_effects import SideEffects
+from saga.engine.definition import Saga
+from saga.engine.registry import SagaRegistry
+from saga.engine.state import SagaRecord
+from saga.errors import StepFailed
+from saga.handlers.context import HandlerContext
+from saga.handlers.service import HandlerSpec, Service
+from saga.messaging.envelope import Envelope, message_type_of
+from saga.messaging.outbox import Outbox
+from saga.testing.clock import VirtualClock
+from saga.testing.database import HarnessDatabase
+from saga.testing.messages import Expected, Message, check_message, check_messages
+from saga.testing.stubs import Answer, Fail, PendingCommand, Stubs, as_reply
+
+_TAKE_OUTBOX = """
+DELETE FROM {schema}.outbox
+RETURNING id, destination, body, deliver_after - created_at AS delay
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """A message a real service handled, and what became of it."""
+
+    service: str
+    message: Message
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One row of a saga's step log."""
+
+    step: str
+    phase: str
+    outcome: str
+    attempt: int
+    started_at: datetime
+    finished_at: datetime
+    error: str | None
+
+
+@dataclass
+class _Fault:
+    error: BaseException
+    remaining: int
+
+
+@dataclass(order=True)
+class _Scheduled:
+    due: datetime
+    seq: int
+    message: Message = field(compare=False)
+
+
+class SagaHarness:
+    """The sagas of ``registry`` and the real ``services``; every other destination is a stub.
+
+    ``fail_fast``: a handler's exception (other than ``StepFailed``) is raised in the
+    test as soon as its delivery is scheduled for a retry or dead-lettered, instead of
+    going the retry way silently. Pass False to test retries and dead letters.
+    """
+
+    def __init__(
+        self,
+        database: HarnessDatabase,
+        registry: SagaRegistry | None = None,
+        *,
+        services: Iterable[Service] = (),
+        schema: Iterable[str | Path] = (),
+        fail_fast: bool = True,
+        clock: VirtualClock | None = None,
+    ) -> None:
+        self.database = database
+        self.registry = registry
+        self.clock = clock or VirtualClock()
+        self.fail_fast = fail_fast
+        self.sent: list[Message] = []
+        self.consumed: list[Consumed] = []
+        self.stubs = Stubs()
+        self._scheduled: list[_Scheduled] = []
+        self._seq = itertools.count()
+        self._faults: dict[tuple[str, str], _Fault] = {}
+        self._errors: list[tuple[str, str, BaseException]] = []
+        self._outbox = Outbox(database.schema)
+        self._take = _TAKE_OUTBOX.format(schema=database.schema)
+        database.apply(schema)
+        self.conn = psycopg.connect(database.url, autocommit=True)
+        database.reset(self.conn)
+        self._effects = SideEffects(database.url, schema=database.schema)
+        originals = list(services)
+        self._restore_clock: Callable[[], datetime] | None = None
+        if registry is not None:
+            self._restore_clock = registry.orchestrator.clock
+            registry.orchestrator.clock = self.clock.now
+            originals.insert(0, registry.as_service())
+        self.services = {s.name: self._instrumented(s) for s in originals}
+        self._processors = {
+            name: BatchProcessor(service, schema=database.schema, effects=self._effects)
+            for name, service in self.services.items()
+        }
+        for service in self.services.values():
+            for hook in service.connect_hooks:
+                with self.conn.transaction():
+                    hook(self.conn)
+
+    def close(self) -> None:
+        if self.registry is not None and self._restore_clock is not None:
+            self.registry.orchestrator.clock = self._restore_clock
+        self._effects.close()
+        self.conn.close()
+
+    def __enter__(self) -> SagaHarness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- driving ---------------------------------------------------------------
+
+    def start(
+        self, saga: Saga[Any] | str, data: BaseModel, *, idempotency_key: str | None = None
+    ) -> UUID:
+        """Start a saga as the application would, in a transaction of its own."""
+        registry = self._registry()
+        with self.conn.transaction():
+            return registry.start(self.conn, saga, data, idempotency_key=idempotency_key)
+
+    def signal(self, saga_id: UUID, event: str, data: BaseModel | dict[str, Any]) -> None:
+        with self.conn.transaction():
+            self._registry().signal(self.conn, saga_id, event, data)
+
+    def cancel(self, saga_id: UUID, reason: str = "cancelled by the test") -> None:
+        with self.conn.transaction():
+            self._registry().cancel(self.conn, saga_id, reason)
+
+    def run_until_idle(self, max_messages: int = 10_000) -> int:
+        """Deliver every message that is due now, and what they send, until none is left."""
+        delivered = 0
+        while ready := self._collect():
+            for message in ready:
+                self._deliver(message)
+            delivered += len(ready)
+            if delivered > max_messages:
+                raise AssertionError(f"still busy after {delivered} messages: a loop?")
+        return delivered
+
+    def advance(self, delta: timedelta) -> int:
+        """Move the clock by ``delta``, firing what falls due on the way, earliest first."""
+        target = self.clock.now() + delta
+        delivered = self.run_until_idle()
+        while self._scheduled and self._scheduled[0].due <= target:
+            item = heapq.heappop(self._scheduled)
+            self.clock.move_to(item.due)
+            self._deliver(item.message)
+            delivered += 1 + self.run_until_idle()
+        self.clock.move_to(target)
+        return delivered
+
+    @property
+    def scheduled(self) -> list[tuple[datetime, Message]]:
+        """The delayed messages not yet due, earliest first."""
+        return [(item.due, item.message) for item in sorted(self._scheduled)]
+
+    # -- stubbed participants ----------------------------------------------------
+
+    def on(self, service: str, command: type[BaseModel], answer: Answer) -> None:
+        """Answer every ``command`` sent to the stubbed ``service`` with ``answer``."""
+        self.stubs.add_rule(service, command, answer)
+
+    def expect_command(self, service: str, expected: Expected | None = None) -> PendingCommand:
+        """Run until idle; the oldest unanswered command at ``service``, checked against
+        ``expected`` (a whole message, or a type); answer it with ``.reply``/``.fail``."""
+        self.run_until_idle()
+        message = self.stubs.take(service, expected)
+        if expected is not None:
+            check_message(expected, message, f"command sent to {service}")
+        return PendingCommand(self, message)
+
+    def answer(self, command: Message, answer: BaseModel | Fail) -> None:
+        """Send what the stubbed participant answers to ``command`` (delivered by the next run)."""
+        ctx = HandlerContext(command.envelope, command.destination)
+        if ctx.reply(as_reply(answer, command)) is None:
+            raise AssertionError(f"{command!r} expects no reply")
+        with self.conn.transaction():
+            self._outbox.add_many(self.conn, ctx.outgoing)
+
+    # -- faults ----------------------------------------------------------------------
+
+    def fail_transiently(
+        self,
+        service: str,
+        message_type: type[BaseModel],
+        times: int,
+        error: BaseException | None = None,
+    ) -> None:
+        """The real ``service``'s handler of ``message_type`` raises ``error`` (a
+        ``ConnectionError`` by default) on its next ``times`` calls, then runs again."""
+        fault = error or ConnectionError("transient fault injected by the test")
+        self._faults[(service, message_type_of(message_type))] = _Fault(fault, times)
+
+    def redeliver(self, message: Message) -> None:
+        """Deliver ``message`` again, as a broker does after a crash between commit and ack."""
+        self._deliver(message)
+
+    # -- what happened -------------------------------------------------------------
+
+    def sent_to(self, service: str) -> list[Message]:
+        return [m for m in self.sent if m.destination == service]
+
+    def consumed_by(self, service: str) -> list[Message]:
+        """The messages ``service`` (a real one) handled, duplicates and refusals left out."""
+        handled = (Outcome.HANDLED, Outcome.BUSINESS_FAILURE)
+        return [c.message for c in self.consumed if c.service == service and c.outcome in handled]
+
+    def assert_sent(self, service: str, *expected: Expected) -> None:
+        """Everything sent to ``service`` so far, in order, is ``expected``."""
+        check_messages(expected, self.sent_to(service), f"messages sent to {service}")
+
+    def assert_consumed(self, service: str, *expected: Expected) -> None:
+        """Everything ``service`` handled so far, in order, is ``expected``."""
+        check_messages(expected, self.consumed_by(service), f"messages {service} consumed")
+
+    def record(self, saga_id: UUID) -> SagaRecord:
+        record = self._registry().orchestrator.store.load(self.conn, saga_id)
+        if record is None:
+            raise AssertionError(f"no saga {saga_id}")
+        return record
+
+    def status(self, saga_id: UUID) -> str:
+        return self.record(saga_id).status.value
+
+    def step(self, saga_id: UUID) -> str | None:
+        return self.record(saga_id).step
+
+    def data(self, saga_id: UUID) -> BaseModel:
+        """The saga's data as its definition's model."""
+        record = self.record(saga_id)
+        definition = self._registry().definition(record.name, record.saga_version)
+        data: BaseModel = definition.data_model.model_validate(record.data)
+        return data
+
+    def timeline(self, saga_id: UUID) -> list[TimelineEntry]:
+        rows = self._registry().orchestrator.store.timeline(self.conn, saga_id)
+        return [TimelineEntry(r[0], r[1], r[3], r[2], r[4], r[5], r[6]) for r in rows]
+
+    def steps(self, saga_id: UUID) -> list[str]:
+        """The step log in short: ``"reserve_credit succeeded"``, ``"reserve_credit
+        compensation succeeded"``, one per entry."""
+        return [
+            f"{e.step} {e.outcome}" if e.phase == "forward" else f"{e.step} {e.phase} {e.outcome}"
+            for e in self.timeline(saga_id)
+        ]
+
+    def rows(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a query on the test database (business tables, the framework's)."""
+        return self.conn.execute(query.encode(), params).fetchall()
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction on the test database, to seed or change business rows."""
+        with self.conn.transaction():
+            yield self.conn
+
+    # -- in process ------------------------------------------------------------------
+
+    def _registry(self) -> SagaRegistry:
+        if self.registry is None:
+            raise AssertionError("this harness was made without a saga registry")
+        return self.registry
+
+    def _collect(self) -> list[Message]:
+        """Empty the outbox: rows due now, in id order; delayed ones go on the schedule."""
+        with self.conn.transaction():
+            rows = sorted(self.conn.execute(self._take.encode()).fetchall())
+        ready = []
+        for _, destination, body, delay in rows:
+            message = Message(destination, Envelope.from_bytes(bytes(body)), bytes(body))
+            if delay is None:
+                ready.append(message)
+            else:
+                due = self.clock.now() + delay
+                heapq.heappush(self._scheduled, _Scheduled(due, next(self._seq), message))
+        return ready
+
+    def _deliver(self, message: Message) -> None:
+        self.sent.append(message)
+        processor = self._processors.get(message.destination)
+        if processor is None:
+            answer = self.stubs.receive(message)
+            if answer is not None:
+                self.answer(message, answer)
+            return
+        self._errors.clear()
+        (outcome,) = processor.process(self.conn, [Delivery(message.body, "application/json")])
+        self.consumed.append(Consumed(message.destination, message, outcome))
+        failed = outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED)
+        if failed and self.fail_fast and self._errors:
+            service, type_name, error = self._errors[-1]
+            error.add_note(
+                f"raised by {service}'s handler of {type_name}; the harness fails fast "
+                "(SagaHarness(..., fail_fast=False) lets it retry and dead-letter instead)"
+            )
+            raise error
+
+    def _instrumented(self, service: Service) -> Service:
+        """A copy of ``service`` whose handlers run the test's faults, report their errors,
+        and retry in process without waiting (delayed retries follow the virtual clock)."""
+        copy = Service(service.name, retry=service.retry)
+        for type_name in service.message_types:
+            spec = service.handler_for(type_name)
+            assert spec is not None
+            retry = replace(spec.retry, immediate_initial_wait=0.0, immediate_max_wait=0.0)
+            copy.add_handler(spec.message_class, self._watched(service.name, spec), retry=retry)
+        copy.batch_writing = service.batch_writing
+        copy.connect_hooks = list(service.connect_hooks)
+        return copy
+
+    def _watched(self, service: str, spec: HandlerSpec) -> Any:
+        def handler(tx: psycopg.Connection[Any], message: Any, ctx: HandlerContext) -> Any:
+            fault = self._faults.get((service, ctx.envelope.type))
+            if fault is not None and fault.remaining > 0:
+                fault.remaining -= 1
+                raise fault.error
+            try:
+                return spec.func(tx, message, ctx)
+            except StepFailed:
+                raise
+            except Exception as exc:
+                self._errors.append((service, ctx.envelope.type, exc))
+                raise
+
+        handler.__qualname__ = spec.name
+        return handler

@@ -1,0 +1,88 @@
+"""Participants a test leaves out: their commands wait for the test's answer, or a rule's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from saga.messaging.control import FailureReply
+from saga.messaging.envelope import message_type_of
+from saga.testing.messages import Expected, Message
+
+if TYPE_CHECKING:
+    from saga.testing.harness import SagaHarness
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A rule's answer: the participant refuses the command (``StepFailed`` there)."""
+
+    reason: str
+    code: str | None = None
+
+
+#: What a rule answers: a reply, a :class:`Fail`, or a function of the command giving either.
+Answer = BaseModel | Fail | Callable[[Message], "BaseModel | Fail"]
+
+
+class PendingCommand:
+    """A command sent to a stubbed participant, waiting for the test to answer it."""
+
+    def __init__(self, harness: SagaHarness, message: Message) -> None:
+        self.harness = harness
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"PendingCommand({self.message!r})"
+
+    def reply(self, reply: BaseModel) -> None:
+        """Answer with ``reply`` (the participant's success); delivered by the next run."""
+        self.harness.answer(self.message, reply)
+
+    def fail(self, reason: str, code: str | None = None) -> None:
+        """Answer with a business failure, as ``raise StepFailed(reason, code=code)`` would."""
+        self.harness.answer(self.message, Fail(reason, code))
+
+
+class Stubs:
+    """Rules per (service, message type), and the commands still waiting for an answer."""
+
+    def __init__(self) -> None:
+        self._rules: dict[tuple[str, str], Answer] = {}
+        self.waiting: dict[str, list[Message]] = {}
+
+    def add_rule(self, service: str, command: type[BaseModel], answer: Answer) -> None:
+        self._rules[(service, message_type_of(command))] = answer
+
+    def receive(self, message: Message) -> BaseModel | Fail | None:
+        """The rule's answer to ``message``, or None: it waits for the test."""
+        rule = self._rules.get((message.destination, message.type))
+        if rule is None:
+            self.waiting.setdefault(message.destination, []).append(message)
+            return None
+        return rule(message) if callable(rule) else rule
+
+    def take(self, service: str, expected: Expected | None) -> Message:
+        """The oldest command waiting at ``service`` (of ``expected``'s type, when given)."""
+        queue = self.waiting.get(service, [])
+        wanted = None
+        if expected is not None:
+            wanted = message_type_of(expected if isinstance(expected, type) else type(expected))
+        for index, message in enumerate(queue):
+            if wanted is None or message.type == wanted:
+                return queue.pop(index)
+        waiting = {s: [m.type for m in q] for s, q in self.waiting.items() if q}
+        raise AssertionError(
+            f"no {wanted or 'command'} waits for an answer from {service!r} "
+            f"(waiting: {waiting or 'nothing'})"
+        )
+
+
+def as_reply(answer: BaseModel | Fail, command: Message) -> BaseModel:
+    """The message a participant sends back for ``answer``."""
+    if isinstance(answer, Fail):
+        return FailureReply(reason=answer.reason, code=answer.code, failed_type=command.type)
+    return answer
