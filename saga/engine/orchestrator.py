@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -424,10 +424,9 @@ class Orchestrator:
                 home_service=self.home.service_name,
                 local_steps=steps,
             )
-        except BaseException as exc:
-            steps.undo(exc)
+        except BaseException:
+            steps.undo()
             raise
-        steps.keep()
 
     def _apply(
         self,
@@ -453,44 +452,40 @@ def now() -> datetime:
 class SavepointSteps:
     """Runs local steps on the orchestrator's transaction, each in its own savepoint.
 
-    The first local step also opens a savepoint around all of them: a transition that
-    fails after a local step succeeded undoes that step's writes with it (a batch of
-    the orchestrator's deliveries has no savepoint per delivery). A transition that
-    runs no local step issues no statement here.
+    The first local step of a transition also sets a savepoint for all of them: a
+    transition that fails after a local step succeeded rolls that step's writes back
+    with it (a batch of the orchestrator's deliveries has no savepoint per delivery).
+    Savepoints are never released (the commit ends them all), so a transition that
+    runs no local step sends nothing here, and each local step costs one statement.
     """
 
     def __init__(self, tx: psycopg.Connection[Any], clock: Callable[[], datetime] = now) -> None:
         self.tx = tx
         self.clock = clock
-        self._all: ExitStack | None = None
+        self._opened = False
 
     def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
-        if self._all is None:
-            self._all = ExitStack()
-            self._all.enter_context(self.tx.transaction())
+        if not self._opened:
+            self.tx.execute("SAVEPOINT saga_transition", prepare=False)
+            self._opened = True
         started = self.clock()
+        self.tx.execute("SAVEPOINT saga_local_step", prepare=False)
         try:
-            with self.tx.transaction():
-                if compensation:
-                    fault_point("orchestrator.in_compensation")
-                result = action(self.tx, data)
-        except StepFailed as failure:
-            return LocalOutcome(None, failure, started, self.clock())
+            if compensation:
+                fault_point("orchestrator.in_compensation")
+            result = action(self.tx, data)
         except Exception as exc:
-            if not compensation:
-                raise
-            return LocalOutcome(None, exc, started, self.clock())
+            if not self.tx.broken:
+                self.tx.execute("ROLLBACK TO SAVEPOINT saga_local_step", prepare=False)
+            if isinstance(exc, StepFailed) or compensation:
+                return LocalOutcome(None, exc, started, self.clock())
+            raise
         return LocalOutcome(result, None, started, self.clock())
 
-    def keep(self) -> None:
-        """The transition went through: its local steps' writes stay."""
-        if self._all is not None:
-            self._all.close()
-
-    def undo(self, error: BaseException) -> None:
+    def undo(self) -> None:
         """The transition failed: roll its local steps' writes back."""
-        if self._all is not None and not self.tx.broken:
-            self._all.__exit__(type(error), error, error.__traceback__)
+        if self._opened and not self.tx.broken:
+            self.tx.execute("ROLLBACK TO SAVEPOINT saga_transition", prepare=False)
 
 
 def request_cancel(
