@@ -15,8 +15,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
 except ImportError:  # pragma: no cover - exercised where OpenTelemetry is absent
+    otel_context = None  # type: ignore[assignment]
     propagate = None  # type: ignore[assignment]
     trace = None  # type: ignore[assignment]
 
@@ -61,12 +63,31 @@ def span(
     if trace is None or propagate is None:
         yield
         return
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        # No SDK in this process: no span records anything. Carry the caller's trace
+        # context through, so messages sent meanwhile continue its trace.
+        with _continued(headers):
+            yield
+        return
     parent = propagate.extract(dict(headers)) if headers else None
     kind = trace.SpanKind.CONSUMER if headers is not None else trace.SpanKind.INTERNAL
     tracer = trace.get_tracer("saga")
     clean = {k: _value(v) for k, v in (attributes or {}).items() if v is not None}
     with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=clean):
         yield
+
+
+@contextmanager
+def _continued(headers: Mapping[str, str] | None) -> Iterator[None]:
+    """The trace context carried by ``headers`` made current, if they carry one."""
+    if not headers or TRACEPARENT not in headers or otel_context is None:
+        yield
+        return
+    token = otel_context.attach(propagate.extract(dict(headers)))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def _value(value: object) -> AttributeValue:
