@@ -21,8 +21,6 @@ from tests.support.databases import TestDatabase
 USER_TESTS = '''
 """A trip: book seats, then pay; a refused payment cancels the booking."""
 
-import sys
-
 import pytest
 from pydantic import BaseModel
 
@@ -92,12 +90,6 @@ def h(saga_harness) -> SagaHarness:
     return saga_harness(registry, services=[seats], schema=[SCHEMA])
 
 
-def test_the_framework_is_the_installed_one():
-    import saga
-
-    assert saga.__file__.startswith(sys.prefix), saga.__file__
-
-
 def test_a_paid_trip_completes(h):
     saga_id = h.start(trip, TripData(trip_id="t1", seats=2))
     h.expect_command("bank", Pay(trip_id="t1")).reply(Paid(receipt="r-1"))
@@ -114,6 +106,21 @@ def test_a_refused_payment_cancels_the_booking(h):
     h.assert_consumed("seats", Book(trip_id="t2", seats=3), Cancel(booking_id="b-t2"))
     assert h.rows("SELECT cancelled FROM bookings") == [(True,)]
 '''
+
+#: Beside the user's tests: the framework and the plugin's entry point are the wheel's (the
+#: third-party packages' folder also holds this checkout's editable install, entry point included).
+FROM_THE_WHEEL = """
+import sys
+
+import saga
+
+
+def test_the_framework_and_its_fixtures_come_from_the_wheel(pytestconfig):
+    assert saga.__file__.startswith(sys.prefix), saga.__file__
+    plugins = pytestconfig.pluginmanager.list_plugin_distinfo()
+    [where] = [d.locate_file("") for _, d in plugins if d.project_name == "saga-outbox"]
+    assert str(where).startswith(sys.prefix), where
+"""
 
 #: A bug planted in the user's compensation: it cancels the trip id, not the booking's.
 PLANTED_BUG = (
@@ -138,6 +145,7 @@ def test_a_users_saga_tests_run_from_the_installed_wheel(
     folder = tmp_path / "user"
     folder.mkdir()
     (folder / "test_trip.py").write_text(USER_TESTS)
+    (folder / "test_installed.py").write_text(FROM_THE_WHEEL)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SAGA_", "PYTEST_")) and k != "PYTHONPATH"}  # fmt: skip
 
