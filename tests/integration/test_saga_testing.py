@@ -185,3 +185,75 @@ def test_a_redelivered_command_has_its_effect_once(saga_harness) -> None:
 
     assert reserved == ["o-1"]
     assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")
+
+
+def vault_service(reserved: list[str], released: list[str]) -> Service:
+    """A vault that records what it reserves and releases."""
+    vault = Service("vault")
+
+    @vault.handler(Reserve)
+    def reserve(tx: Tx, cmd: Reserve, ctx: HandlerContext) -> Reserved:
+        reserved.append(cmd.order_id)
+        return Reserved(reservation_id="r-" + cmd.order_id)
+
+    @vault.handler(Release)
+    def release(tx: Tx, cmd: Release, ctx: HandlerContext) -> None:
+        released.append(cmd.reservation_id)
+
+    return vault
+
+
+def test_a_crash_after_commit_redelivers_and_the_reply_comes_twice(saga_harness) -> None:
+    reserved: list[str] = []
+    registry, hold = hold_registry()
+    h: SagaHarness = saga_harness(registry, services=[vault_service(reserved, [])])
+    h.crash_after_commit("vault", Reserve)
+    saga_id = h.start(hold, HoldData(order_id="o-1"))
+    h.expect_command("bank", Charge(order_id="o-1"))
+
+    assert reserved == ["o-1"]  # handled once, delivered twice
+    assert [c.outcome.value for c in h.consumed if c.service == "vault"] == ["handled", "duplicate"]
+    h.assert_sent("holds", Reserved(reservation_id="r-o-1"), Reserved(reservation_id="r-o-1"))
+    assert [c.outcome.value for c in h.consumed if c.service == "holds"] == ["handled", "duplicate"]
+    assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")
+
+
+def test_a_command_held_back_is_overtaken_by_the_next_one(saga_harness) -> None:
+    reserved: list[str] = []
+    registry, hold = hold_registry()
+    h: SagaHarness = saga_harness(registry, services=[vault_service(reserved, [])])
+    h.hold("vault", Reserve)
+    first = h.start(hold, HoldData(order_id="o-1"))
+    second = h.start(hold, HoldData(order_id="o-2"))
+    h.run_until_idle()
+    assert reserved == ["o-2"]
+    assert (h.step(first), h.step(second)) == ("reserve", "charge")
+
+    assert h.release("vault") == 1
+    assert reserved == ["o-2", "o-1"]
+    assert h.step(first) == "charge"
+
+
+def test_a_command_retried_past_its_deadline_overtakes_the_held_original(saga_harness) -> None:
+    reserved: list[str] = []
+    timed = Saga("timed", data=HoldData)
+    timed.remote(
+        "reserve",
+        service="vault",
+        command=lambda d: Reserve(order_id=d.order_id),
+        reply=Reserved,
+        deadline=timedelta(seconds=30),
+    )  # retried on its deadline
+    timed.remote("charge", service="bank", command=lambda d: Charge(order_id=d.order_id))
+    registry = SagaRegistry("holds")
+    registry.register(timed)
+    h: SagaHarness = saga_harness(registry, services=[vault_service(reserved, [])])
+    h.hold("vault", Reserve)
+    saga_id = h.start(timed, HoldData(order_id="o-1"))
+    h.advance(timedelta(seconds=30))
+    assert h.steps(saga_id) == ["reserve deadline_exceeded", "reserve succeeded"]
+
+    h.release("vault", Reserve)  # the original comes last: the same message, a duplicate
+    assert reserved == ["o-1"]
+    assert [c.outcome.value for c in h.consumed if c.service == "vault"] == ["handled", "duplicate"]
+    assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")
