@@ -40,8 +40,11 @@ class HoldData(BaseModel):
     reservation_id: str | None = None
 
 
-def hold_registry(release: type[BaseModel] = Release) -> tuple[SagaRegistry, Saga[HoldData]]:
-    """Reserve at the vault, then charge at the bank; a refused charge releases the hold.
+def hold_registry(
+    release: type[BaseModel] = Release, deadline: timedelta | None = None
+) -> tuple[SagaRegistry, Saga[HoldData]]:
+    """Reserve at the vault (sent again at each ``deadline``), then charge at the bank; a
+    refused charge releases the hold.
 
     The compensation has a planted bug: it releases the order id, not the reservation's."""
     hold = Saga("hold", data=HoldData)
@@ -52,6 +55,7 @@ def hold_registry(release: type[BaseModel] = Release) -> tuple[SagaRegistry, Sag
         reply=Reserved,
         on_reply=lambda d, r: d.model_copy(update={"reservation_id": r.reservation_id}),
         compensate=lambda d: release(reservation_id=d.order_id),  # the bug
+        deadline=deadline,
     )
     hold.remote("charge", service="bank", command=lambda d: Charge(order_id=d.order_id))
     registry = SagaRegistry("holds")
@@ -187,8 +191,9 @@ def test_a_redelivered_command_has_its_effect_once(saga_harness) -> None:
     assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")
 
 
-def vault_service(reserved: list[str], released: list[str]) -> Service:
-    """A vault that records what it reserves and releases."""
+def vault_harness(saga_harness, registry: SagaRegistry) -> tuple[SagaHarness, list[str]]:
+    """A harness with a real vault, and the orders the vault reserved."""
+    reserved: list[str] = []
     vault = Service("vault")
 
     @vault.handler(Reserve)
@@ -196,17 +201,12 @@ def vault_service(reserved: list[str], released: list[str]) -> Service:
         reserved.append(cmd.order_id)
         return Reserved(reservation_id="r-" + cmd.order_id)
 
-    @vault.handler(Release)
-    def release(tx: Tx, cmd: Release, ctx: HandlerContext) -> None:
-        released.append(cmd.reservation_id)
-
-    return vault
+    return saga_harness(registry, services=[vault]), reserved
 
 
 def test_a_crash_after_commit_redelivers_and_the_reply_comes_twice(saga_harness) -> None:
-    reserved: list[str] = []
     registry, hold = hold_registry()
-    h: SagaHarness = saga_harness(registry, services=[vault_service(reserved, [])])
+    h, reserved = vault_harness(saga_harness, registry)
     h.crash_after_commit("vault", Reserve)
     saga_id = h.start(hold, HoldData(order_id="o-1"))
     h.expect_command("bank", Charge(order_id="o-1"))
@@ -219,9 +219,8 @@ def test_a_crash_after_commit_redelivers_and_the_reply_comes_twice(saga_harness)
 
 
 def test_a_command_held_back_is_overtaken_by_the_next_one(saga_harness) -> None:
-    reserved: list[str] = []
     registry, hold = hold_registry()
-    h: SagaHarness = saga_harness(registry, services=[vault_service(reserved, [])])
+    h, reserved = vault_harness(saga_harness, registry)
     h.hold("vault", Reserve)
     first = h.start(hold, HoldData(order_id="o-1"))
     second = h.start(hold, HoldData(order_id="o-2"))
@@ -235,21 +234,10 @@ def test_a_command_held_back_is_overtaken_by_the_next_one(saga_harness) -> None:
 
 
 def test_a_command_retried_past_its_deadline_overtakes_the_held_original(saga_harness) -> None:
-    reserved: list[str] = []
-    timed = Saga("timed", data=HoldData)
-    timed.remote(
-        "reserve",
-        service="vault",
-        command=lambda d: Reserve(order_id=d.order_id),
-        reply=Reserved,
-        deadline=timedelta(seconds=30),
-    )  # retried on its deadline
-    timed.remote("charge", service="bank", command=lambda d: Charge(order_id=d.order_id))
-    registry = SagaRegistry("holds")
-    registry.register(timed)
-    h: SagaHarness = saga_harness(registry, services=[vault_service(reserved, [])])
+    registry, hold = hold_registry(deadline=timedelta(seconds=30))
+    h, reserved = vault_harness(saga_harness, registry)
     h.hold("vault", Reserve)
-    saga_id = h.start(timed, HoldData(order_id="o-1"))
+    saga_id = h.start(hold, HoldData(order_id="o-1"))
     h.advance(timedelta(seconds=30))
     assert h.steps(saga_id) == ["reserve deadline_exceeded", "reserve succeeded"]
 
