@@ -17,6 +17,7 @@ from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
 from saga.testing.harness import Consumed, SagaHarness, TimelineEntry
 from saga.testing.messages import Message
+from saga.testing.scenario import SagaScenario
 from saga.testing.stubs import Fail, PendingCommand
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "PayloadMismatch",
     "PendingCommand",
     "SagaHarness",
+    "SagaScenario",
     "TimelineEntry",
     "VirtualClock",
 ]

@@ -108,6 +108,9 @@ class SagaHarness:
         self._seq = itertools.count()
         self._faults: dict[tuple[str, str], _Fault] = {}
         self._errors: list[tuple[str, str, BaseException]] = []
+        self._crashes: dict[tuple[str, str], int] = {}
+        self._holds: dict[tuple[str, str], int] = {}
+        self._held: list[Message] = []
         self._outbox = Outbox(database.schema)
         self._take = _TAKE_OUTBOX.format(schema=database.schema)
         database.apply(schema)
@@ -229,6 +232,33 @@ class SagaHarness:
         """Deliver ``message`` again, as a broker does after a crash between commit and ack."""
         self._deliver(message)
 
+    def crash_after_commit(
+        self, service: str, message_type: type[BaseModel], times: int = 1
+    ) -> None:
+        """The real ``service``'s next ``times`` deliveries of ``message_type`` are handled and
+        committed, then its consumer dies before the acknowledgement: the broker hands each
+        one over again at once (the inbox must make that a no-op, its reply sent again)."""
+        self._crashes[(service, message_type_of(message_type))] = times
+
+    def hold(self, service: str, message_type: type[BaseModel]) -> None:
+        """Hold back the next ``message_type`` bound for ``service``, as a slow broker queue
+        would, until :meth:`release`: what is sent after it overtakes it."""
+        key = (service, message_type_of(message_type))
+        self._holds[key] = self._holds.get(key, 0) + 1
+
+    def release(self, service: str, message_type: type[BaseModel] | None = None) -> int:
+        """Hand over the held messages for ``service`` (of ``message_type``), oldest first,
+        then run until idle; returns how many were held."""
+        wanted = message_type_of(message_type) if message_type is not None else None
+        held = [m for m in self._held if m.destination == service and wanted in (None, m.type)]
+        if not held:
+            raise AssertionError(f"nothing held for {service!r} ({wanted or 'any type'})")
+        for message in held:
+            self._held.remove(message)
+            self._hand_over(message)
+        self.run_until_idle()
+        return len(held)
+
     # -- what happened -------------------------------------------------------------
 
     def sent_to(self, service: str) -> list[Message]:
@@ -311,6 +341,14 @@ class SagaHarness:
 
     def _deliver(self, message: Message) -> None:
         self.sent.append(message)
+        key = (message.destination, message.type)
+        if self._holds.get(key, 0) > 0:
+            self._holds[key] -= 1
+            self._held.append(message)
+            return
+        self._hand_over(message)
+
+    def _hand_over(self, message: Message) -> None:
         processor = self._processors.get(message.destination)
         if processor is None:
             answer = self.stubs.receive(message)
@@ -320,6 +358,11 @@ class SagaHarness:
         self._errors.clear()
         (outcome,) = processor.process(self.conn, [Delivery(message.body, "application/json")])
         self.consumed.append(Consumed(message.destination, message, outcome))
+        key = (message.destination, message.type)
+        if self._crashes.get(key, 0) > 0 and outcome is not Outcome.RETRY_SCHEDULED:
+            self._crashes[key] -= 1  # committed, never acknowledged: the broker redelivers
+            self._hand_over(message)
+            return
         failed = outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED)
         if failed and self.fail_fast and self._errors:
             service, type_name, error = self._errors[-1]

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import BaseModel
 
-from saga.messaging.control import FailureReply
+from saga.messaging.control import Ack, FailureReply
 from saga.messaging.envelope import message_type_of
 from saga.testing.messages import Expected, Message
-
-if TYPE_CHECKING:
-    from saga.testing.harness import SagaHarness
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,19 +25,26 @@ class Fail:
 Answer = BaseModel | Fail | Callable[[Message], "BaseModel | Fail"]
 
 
+class Answers(Protocol):
+    """What answers a stubbed participant's command: a harness, or a scenario."""
+
+    def answer(self, command: Message, answer: BaseModel | Fail) -> None: ...
+
+
 class PendingCommand:
     """A command sent to a stubbed participant, waiting for the test to answer it."""
 
-    def __init__(self, harness: SagaHarness, message: Message) -> None:
+    def __init__(self, harness: Answers, message: Message) -> None:
         self.harness = harness
         self.message = message
 
     def __repr__(self) -> str:
         return f"PendingCommand({self.message!r})"
 
-    def reply(self, reply: BaseModel) -> None:
-        """Answer with ``reply`` (the participant's success); delivered by the next run."""
-        self.harness.answer(self.message, reply)
+    def reply(self, reply: BaseModel | None = None) -> None:
+        """Answer with ``reply`` (the participant's success; ``Ack``, as a handler that
+        returns nothing answers, when None); delivered by the next run."""
+        self.harness.answer(self.message, Ack() if reply is None else reply)
 
     def fail(self, reason: str, code: str | None = None) -> None:
         """Answer with a business failure, as ``raise StepFailed(reason, code=code)`` would."""
@@ -64,6 +68,14 @@ class Stubs:
             self.waiting.setdefault(message.destination, []).append(message)
             return None
         return rule(message) if callable(rule) else rule
+
+    def take_all(self, service: str, command: type[BaseModel]) -> list[Message]:
+        """Every ``command`` waiting at ``service``, oldest first, taken from the queue."""
+        wanted = message_type_of(command)
+        queue = self.waiting.get(service, [])
+        taken = [m for m in queue if m.type == wanted]
+        queue[:] = [m for m in queue if m.type != wanted]
+        return taken
 
     def take(self, service: str, expected: Expected | None) -> Message:
         """The oldest command waiting at ``service`` (of ``expected``'s type, when given)."""

@@ -40,8 +40,11 @@ class HoldData(BaseModel):
     reservation_id: str | None = None
 
 
-def hold_registry(release: type[BaseModel] = Release) -> tuple[SagaRegistry, Saga[HoldData]]:
-    """Reserve at the vault, then charge at the bank; a refused charge releases the hold.
+def hold_registry(
+    release: type[BaseModel] = Release, deadline: timedelta | None = None
+) -> tuple[SagaRegistry, Saga[HoldData]]:
+    """Reserve at the vault (sent again at each ``deadline``), then charge at the bank; a
+    refused charge releases the hold.
 
     The compensation has a planted bug: it releases the order id, not the reservation's."""
     hold = Saga("hold", data=HoldData)
@@ -52,6 +55,7 @@ def hold_registry(release: type[BaseModel] = Release) -> tuple[SagaRegistry, Sag
         reply=Reserved,
         on_reply=lambda d, r: d.model_copy(update={"reservation_id": r.reservation_id}),
         compensate=lambda d: release(reservation_id=d.order_id),  # the bug
+        deadline=deadline,
     )
     hold.remote("charge", service="bank", command=lambda d: Charge(order_id=d.order_id))
     registry = SagaRegistry("holds")
@@ -184,4 +188,60 @@ def test_a_redelivered_command_has_its_effect_once(saga_harness) -> None:
     h.run_until_idle()
 
     assert reserved == ["o-1"]
+    assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")
+
+
+def vault_harness(saga_harness, registry: SagaRegistry) -> tuple[SagaHarness, list[str]]:
+    """A harness with a real vault, and the orders the vault reserved."""
+    reserved: list[str] = []
+    vault = Service("vault")
+
+    @vault.handler(Reserve)
+    def reserve(tx: Tx, cmd: Reserve, ctx: HandlerContext) -> Reserved:
+        reserved.append(cmd.order_id)
+        return Reserved(reservation_id="r-" + cmd.order_id)
+
+    return saga_harness(registry, services=[vault]), reserved
+
+
+def test_a_crash_after_commit_redelivers_and_the_reply_comes_twice(saga_harness) -> None:
+    registry, hold = hold_registry()
+    h, reserved = vault_harness(saga_harness, registry)
+    h.crash_after_commit("vault", Reserve)
+    saga_id = h.start(hold, HoldData(order_id="o-1"))
+    h.expect_command("bank", Charge(order_id="o-1"))
+
+    assert reserved == ["o-1"]  # handled once, delivered twice
+    assert [c.outcome.value for c in h.consumed if c.service == "vault"] == ["handled", "duplicate"]
+    h.assert_sent("holds", Reserved(reservation_id="r-o-1"), Reserved(reservation_id="r-o-1"))
+    assert [c.outcome.value for c in h.consumed if c.service == "holds"] == ["handled", "duplicate"]
+    assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")
+
+
+def test_a_command_held_back_is_overtaken_by_the_next_one(saga_harness) -> None:
+    registry, hold = hold_registry()
+    h, reserved = vault_harness(saga_harness, registry)
+    h.hold("vault", Reserve)
+    first = h.start(hold, HoldData(order_id="o-1"))
+    second = h.start(hold, HoldData(order_id="o-2"))
+    h.run_until_idle()
+    assert reserved == ["o-2"]
+    assert (h.step(first), h.step(second)) == ("reserve", "charge")
+
+    assert h.release("vault") == 1
+    assert reserved == ["o-2", "o-1"]
+    assert h.step(first) == "charge"
+
+
+def test_a_command_retried_past_its_deadline_overtakes_the_held_original(saga_harness) -> None:
+    registry, hold = hold_registry(deadline=timedelta(seconds=30))
+    h, reserved = vault_harness(saga_harness, registry)
+    h.hold("vault", Reserve)
+    saga_id = h.start(hold, HoldData(order_id="o-1"))
+    h.advance(timedelta(seconds=30))
+    assert h.steps(saga_id) == ["reserve deadline_exceeded", "reserve succeeded"]
+
+    h.release("vault", Reserve)  # the original comes last: the same message, a duplicate
+    assert reserved == ["o-1"]
+    assert [c.outcome.value for c in h.consumed if c.service == "vault"] == ["handled", "duplicate"]
     assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")

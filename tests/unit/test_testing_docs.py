@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = [
     ROOT / "tests" / "examples" / "test_order_saga_harness.py",
+    ROOT / "tests" / "examples" / "test_order_saga_scenarios.py",
     ROOT / "tests" / "integration" / "test_saga_testing.py",
 ]
 

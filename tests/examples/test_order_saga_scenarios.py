@@ -1,0 +1,157 @@
+"""The order saga's logic alone, on its pure transitions: no database, no service.
+
+Its two local steps (the order row) are stubbed; every participant is answered
+by the test. The harness tests (test_order_saga_harness.py) run the same flows
+with the real inventory and customers services on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from pydantic import BaseModel
+
+from examples.order_saga.messages import (
+    CardCharged,
+    ChargeCard,
+    CreditReserved,
+    RefundCharge,
+    ReleaseCredit,
+    ReleaseStock,
+    ReserveCredit,
+    ReserveStock,
+    ScheduleShipment,
+    ShipmentScheduled,
+    StockReserved,
+)  # fmt: skip
+from examples.order_saga.orders import OrderData, create_order
+from saga import StepFailed
+from saga.testing import Fail, PayloadMismatch, SagaScenario
+
+#: The order saga's local steps only write the order row: here they do nothing.
+NO_ORDER_ROW = {"create_pending_order": None, "reject_order": None, "approve_order": None}
+
+
+def order(**changes: object) -> OrderData:
+    fields = dict(order_id="o1", customer_id="c1", sku="sku-1", quantity=2, amount_cents=500,
+                  card_token="tok", region="eu")  # fmt: skip
+    return OrderData.model_validate({**fields, **changes})
+
+
+def test_an_order_completes_step_by_step() -> None:
+    s = SagaScenario(create_order, order(), local_steps=NO_ORDER_ROW)
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="sku-1", quantity=2)
+                     ).reply(StockReserved(reservation_id="st-1"))  # fmt: skip
+    s.expect_command("customers", ReserveCredit(order_id="o1", customer_id="c1", amount_cents=500)
+                     ).reply(CreditReserved(reservation_id="cr-1"))  # fmt: skip
+    s.expect_command("payments", ChargeCard).reply(CardCharged(charge_id="ch-1"))
+    shipment = ScheduleShipment(order_id="o1", stock_reservation_id="st-1", region="eu")
+    s.expect_command("inventory", shipment).reply(ShipmentScheduled(shipment_id="sh-1"))
+    s.run_until_idle()
+
+    assert s.status == "completed"
+    assert s.data == order(stock_reservation_id="st-1", credit_reservation_id="cr-1",
+                           charge_id="ch-1", shipment_id="sh-1")  # fmt: skip
+    assert s.local_calls == ["create_pending_order", "approve_order"]
+
+
+def test_no_credit_releases_the_stock_and_rejects_the_order() -> None:
+    s = SagaScenario(create_order, order(), local_steps=NO_ORDER_ROW)
+    s.expect_command("inventory", ReserveStock).reply(StockReserved(reservation_id="st-1"))
+    s.expect_command("customers", ReserveCredit).fail("insufficient credit")
+    s.expect_command("inventory", ReleaseStock(order_id="o1")).reply()
+    s.run_until_idle()
+
+    assert s.status == "compensated"
+    assert s.local_calls == ["create_pending_order", "reject_order"]
+    assert s.steps[-2:] == ["reserve_stock compensation succeeded",
+                            "create_pending_order compensation succeeded"]  # fmt: skip
+
+
+#: The participants' answers when all goes well.
+ANSWERS = [
+    ("inventory", ReserveStock, StockReserved(reservation_id="st-1")),
+    ("customers", ReserveCredit, CreditReserved(reservation_id="cr-1")),
+    ("payments", ChargeCard, CardCharged(charge_id="ch-1")),
+]
+
+
+@pytest.mark.parametrize(
+    ("refused", "undone"),
+    [
+        (ReserveStock, []),
+        (ReserveCredit, [("inventory", ReleaseStock)]),
+        (ChargeCard, [("customers", ReleaseCredit), ("inventory", ReleaseStock)]),
+    ],
+)
+def test_a_refused_step_compensates_the_steps_before_it(
+    refused: type[BaseModel], undone: list[tuple[str, type[BaseModel]]]
+) -> None:
+    s = SagaScenario(create_order, order(), local_steps=NO_ORDER_ROW)
+    for service, command, answer in ANSWERS:
+        s.on(service, command, Fail("refused") if command is refused else answer)
+    for service, compensation in undone:
+        s.expect_command(service, compensation(order_id="o1")).reply()
+    s.run_until_idle()
+
+    assert s.status == "compensated"
+    assert s.local_calls == ["create_pending_order", "reject_order"]
+
+
+def test_a_compensation_refused_once_is_retried_on_the_virtual_clock() -> None:
+    s = SagaScenario(create_order, order(), local_steps=NO_ORDER_ROW)
+    s.expect_command("inventory", ReserveStock).reply(StockReserved(reservation_id="st-1"))
+    s.expect_command("customers", ReserveCredit).fail("insufficient credit")
+    s.expect_command("inventory", ReleaseStock).fail("inventory busy")
+    assert s.status == "compensating"
+
+    s.advance(timedelta(seconds=2))
+    s.expect_command("inventory", ReleaseStock).reply()
+    s.run_until_idle()
+    assert s.status == "compensated"
+    s.assert_sent("inventory", ReserveStock, ReleaseStock, ReleaseStock)
+
+
+def test_a_refused_shipment_refunds_the_charge_and_releases_the_rest() -> None:
+    s = SagaScenario(create_order, order(), local_steps=NO_ORDER_ROW)
+    for service, command, answer in ANSWERS:
+        s.on(service, command, answer)
+    s.expect_command("inventory", ScheduleShipment).fail("region closed")
+    s.expect_command("payments", RefundCharge(order_id="o1")).reply()
+    s.expect_command("customers", ReleaseCredit(order_id="o1")).reply()
+    s.expect_command("inventory", ReleaseStock(order_id="o1")).reply()
+    s.run_until_idle()
+
+    assert s.status == "compensated"
+    assert s.local_calls == ["create_pending_order", "reject_order"]
+
+
+def test_a_local_step_stub_can_refuse() -> None:
+    def no_pending_order(d: OrderData) -> None:
+        raise StepFailed("duplicate order")
+
+    s = SagaScenario(create_order, order(), local_steps={"create_pending_order": no_pending_order})
+    assert s.status == "compensated"
+    assert s.sent == []
+    assert s.steps == ["create_pending_order failed"]
+
+
+def test_a_local_step_left_unstubbed_says_how_to_stub_it() -> None:
+    with pytest.raises(AssertionError, match=r"stub it: local_steps=\{'create_pending_order'"):
+        SagaScenario(create_order, order())
+
+
+def test_a_wrong_command_shows_both_payloads() -> None:
+    s = SagaScenario(create_order, order(quantity=3), local_steps=NO_ORDER_ROW)
+    with pytest.raises(PayloadMismatch, match=r"quantity +2 +3 +<-- differs"):
+        s.expect_command("inventory", ReserveStock(order_id="o1", sku="sku-1", quantity=2))
+
+
+def test_the_scenarios_take_milliseconds() -> None:
+    began = time.perf_counter()
+    for _ in range(20):
+        test_an_order_completes_step_by_step()
+        test_a_compensation_refused_once_is_retried_on_the_virtual_clock()
+    assert time.perf_counter() - began < 1.0
