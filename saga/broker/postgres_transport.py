@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
@@ -250,8 +249,8 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             self._held[str(token)] = len(rows)
         self._start_renewing()
         taken = []
-        for row_id, queue, body, headers, props, attempts in sorted(rows):
-            props = dict(props)
+        for row_id, queue, body, headers, stored, attempts in sorted(rows):
+            props = dict(stored)
             content_type = props.pop("content-type", None)
             content_encoding = props.pop("content-encoding", None)
             props["delivery_tag"] = _tag(row_id, token)
@@ -385,7 +384,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
         self.db.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(self.table), (queue,))
 
-    def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False, **kw: Any) -> None:
+    def queue_delete(
+        self, queue: str, if_unused: bool = False, if_empty: bool = False, **kw: Any
+    ) -> None:
         if if_empty and self._size(queue):
             return
         self._delete(queue)
@@ -486,7 +487,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             except Empty:
                 remaining = None if deadline is None else deadline - monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise socket.timeout() from None
+                    raise TimeoutError() from None
                 wait = self._poll if remaining is None else min(self._poll, remaining)
                 woken = self._wait(wait)
                 self._poll = MIN_POLL if woken else min(self._poll * 2, self.max_poll)
@@ -514,7 +515,8 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             self._listening_schemas = set()
         schemas = {channel.schema for channel in self.channels}
         for schema in schemas - self._listening_schemas:
-            self._listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(wake_channel(schema))))
+            channel = sql.Identifier(wake_channel(schema))
+            self._listener.execute(sql.SQL("LISTEN {}").format(channel))
             self._listening_schemas.add(schema)
         return self._listener
 

@@ -83,7 +83,8 @@ config = BrokerConfig(sys.argv[1], lease=float(sys.argv[3]))
 queue = Topology(queue_prefix=sys.argv[2]).queue("svc")
 held = []
 with config.connect() as conn:
-    Consumer(conn.channel(), queues=[queue], on_message=held.append, accept=["application/json"]).consume()
+    channel = conn.channel()
+    Consumer(channel, queues=[queue], on_message=held.append, accept=["application/json"]).consume()
     while not held:
         try:
             conn.drain_events(timeout=1)
