@@ -94,7 +94,7 @@ def test_unsupported_broker_scheme() -> None:
 
 def test_sqlalchemy_broker_schemes_are_refused_with_a_pointer_to_postgresql() -> None:
     for scheme in ("sqla+postgresql", "sqla+postgresql+psycopg"):
-        with pytest.raises(ConfigurationError, match="SQLAlchemy.*use .*postgresql://") as info:
+        with pytest.raises(ConfigurationError, match=r"SQLAlchemy.*use .*postgresql://") as info:
             BrokerConfig(f"{scheme}://u:{SENTINEL}@host/db")
         assert SENTINEL not in str(info.value)
     assert BrokerConfig("postgres://u@host/db").is_postgres
