@@ -6,8 +6,8 @@ taken every message of the batch. Each publish is ``mandatory``; a
 ``basic.return`` (no queue for the routing key) reaches ``on_return`` before
 the commit returns, so those rows are known to have failed.
 
-Other transports (Redis, memory, SQLAlchemy) publish through kombu's
-``Producer.batch()``: one Redis pipeline per batch.
+Other transports (Redis, memory, PostgreSQL) publish through kombu's
+``Producer.batch()``: one Redis pipeline, or one PostgreSQL INSERT, per batch.
 """
 
 from __future__ import annotations

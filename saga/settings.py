@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     accept_redis_message_loss: bool = False
     #: Redis: seconds before a message taken by a consumer that died is delivered again.
     redis_visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
+    #: PostgreSQL broker: seconds a consumer holds a message it took (renewed while it lives).
+    broker_lease: float = 30.0
+    #: PostgreSQL broker: wake consumers with LISTEN/NOTIFY (false: poll only, for poolers).
+    broker_listen: bool = True
     side_effect_lease: float = DEFAULT_LEASE.total_seconds()
     signing_keys: SecretStr | None = None
     require_signature: bool = False

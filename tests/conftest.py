@@ -10,15 +10,17 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 
+import psycopg
 import pytest
 
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.redis_server import RedisServer
 from tests.support import servers
 from tests.support.brokers import TestBroker
-from tests.support.databases import DatabaseFactory, TestDatabase
+from tests.support.databases import DatabaseFactory, TestDatabase, with_database
 from tests.support.example_cluster import make_cluster
 
+PG_BROKER_DATABASE = "saga_test_broker"
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _missing: dict[str, str] = {}
 _resolved: dict[str, servers.Server] = {}
@@ -126,7 +128,23 @@ def private_redis() -> Iterator[Callable[..., RedisServer]]:
         server.close()
 
 
-@pytest.fixture(params=["memory", "amqp", "redis"])
+def _postgres_broker_url() -> str:
+    """A database of its own on the test PostgreSQL for the PostgreSQL broker's table."""
+    url = with_database(_server("postgres"), PG_BROKER_DATABASE)
+    try:
+        with psycopg.connect(_server("postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {PG_BROKER_DATABASE}")
+    except psycopg.errors.DuplicateDatabase:
+        pass
+    return url
+
+
+@pytest.fixture(scope="session")
+def pg_broker_url() -> str:
+    return _postgres_broker_url()
+
+
+@pytest.fixture(params=["memory", "amqp", "redis", "postgres"])
 def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
     """Each test using it runs once per transport (the contract suite)."""
     kind = request.param
@@ -134,6 +152,8 @@ def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
         url = "memory://"
     elif kind == "amqp":
         url = _server("amqp")
+    elif kind == "postgres":
+        url = _postgres_broker_url()
     else:
         url = _server("redis")
     # The shared Redis runs with appendonly no (CI starts it so): accept that explicitly.

@@ -1,8 +1,8 @@
 """``make demo``: the order saga end to end, four services as separate processes.
 
 With no ``SAGA_DATABASE_URL``, an embedded PostgreSQL holds the four service
-databases and, with no ``SAGA_BROKER_URL``, also the broker (kombu's
-SQLAlchemy transport). With them set, the demo uses those servers: one
+databases and, with no ``SAGA_BROKER_URL``, also the broker (the framework's
+own PostgreSQL transport, in a database of its own). With them set, the demo uses those servers: one
 database per service is created on ``SAGA_DATABASE_URL``'s server.
 """
 
@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -27,7 +26,6 @@ from examples.order_saga.processes import SagaProcess
 from saga.cli.sagas import render_saga, timeline_entries
 from saga.db.embedded import EmbeddedPostgres, database_url
 from saga.engine.store import SagaStore
-from saga.errors import ConfigurationError
 
 console = Console()
 WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))
@@ -60,43 +58,18 @@ def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
     if broker_url:
         where.append("broker from SAGA_BROKER_URL")
     else:
-        _require_sqlalchemy()
-        broker_db = _fresh_database(server_url, "saga_demo_broker")
-        parts = urlsplit(broker_db)
-        broker_url = urlunsplit(
-            (
-                "sqla+postgresql+psycopg",
-                parts.netloc.replace(":@", "@"),
-                parts.path,
-                parts.query,
-                "",
-            )
-        )
-        _create_broker_tables(broker_url)
-        where.append("broker: kombu's SQLAlchemy transport on the same PostgreSQL")
+        broker_url = _fresh_database(server_url, "saga_demo_broker")
+        _create_broker_table(broker_url)
+        where.append("broker: PostgreSQL (the framework's transport) on the same server")
     yield urls, broker_url, "; ".join(where)
 
 
-def _require_sqlalchemy() -> None:
-    try:
-        import sqlalchemy  # noqa: F401  (kombu's SQLAlchemy transport needs it)
-    except ImportError:
-        raise ConfigurationError(
-            "the demo's broker needs the demo extra: pip install 'saga-outbox[demo]' "
-            "(or set SAGA_BROKER_URL)"
-        ) from None
+def _create_broker_table(url: str) -> None:
+    """Create the broker's table here, once, before eight processes connect."""
+    from saga.broker.transport import BrokerConfig
 
-
-def _create_broker_tables(url: str) -> None:
-    """Declare the queues here, so kombu creates its tables once, before eight processes race."""
-    from kombu import Connection
-
-    from saga.broker.transport import Topology
-
-    with Connection(url) as conn:
-        channel = conn.channel()
-        for service in SERVICES:
-            Topology().queue(service)(channel).declare()
+    with BrokerConfig(url).connect() as conn:
+        conn.ensure_connection(max_retries=1)
 
 
 def _progress() -> Progress:

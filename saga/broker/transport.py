@@ -3,8 +3,8 @@
 Every destination (a service name) has one durable queue. Messages go to the
 broker's default exchange with the queue name as routing key: on RabbitMQ a
 ``mandatory`` publish then detects a missing queue, and kombu's virtual
-transports (Redis, memory, SQLAlchemy) put the message straight on the
-queue's list, with no binding table that a Redis restart could wipe.
+transports (Redis, memory, PostgreSQL) put the message straight on the
+queue, with no binding table that a Redis restart could wipe.
 Both the relay and consumers declare the queues they use, idempotently, on
 every connect.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kombu import Connection, Queue
+from kombu.transport import TRANSPORT_ALIASES
 
 from saga.db.sql import validate_name
 from saga.errors import ConfigurationError
@@ -27,9 +28,14 @@ SUPPORTED_SCHEMES = (
     "redis",
     "rediss",
     "memory",
-    "sqla+postgresql",
-    "sqla+postgresql+psycopg",
+    "postgresql",
+    "postgres",
 )
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+#: The framework's own PostgreSQL transport (:mod:`saga.broker.postgres_transport`).
+POSTGRES_TRANSPORT = "saga.broker.postgres_transport:Transport"
+for _scheme in POSTGRES_SCHEMES:
+    TRANSPORT_ALIASES[_scheme] = POSTGRES_TRANSPORT
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +72,25 @@ class BrokerConfig:
     connect_timeout: float = 10.0
     #: Redis: seconds before an unacknowledged message (its consumer died) is redelivered.
     visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
-    #: Virtual transports that poll (memory, SQLAlchemy): seconds between polls of an empty queue.
+    #: The memory transport: seconds between polls of an empty queue.
     polling_interval: float = 0.01
+    #: PostgreSQL: seconds a consumer holds a message it took (renewed while it lives);
+    #: a dead consumer's messages come back when it ends.
+    lease: float = 30.0
+    #: PostgreSQL: wake consumers with LISTEN/NOTIFY (False: poll only, for poolers).
+    listen: bool = True
     #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
     #: synced on every write); refused otherwise (see :mod:`saga.broker.durability`).
     accept_redis_message_loss: bool = False
 
     def __post_init__(self) -> None:
         scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
+        if scheme.startswith("sqla"):
+            raise ConfigurationError(
+                f"broker URL {redact_url(self.url)!r}: kombu's SQLAlchemy transport is no longer "
+                "supported (it loses the messages of a consumer that dies); use the framework's "
+                "own PostgreSQL transport: postgresql://user:password@host/database"
+            )
         if scheme not in SUPPORTED_SCHEMES:
             raise ConfigurationError(
                 f"broker URL {redact_url(self.url)!r} is not supported: use one of "
@@ -95,6 +112,10 @@ class BrokerConfig:
     def is_redis(self) -> bool:
         return self.scheme in ("redis", "rediss")
 
+    @property
+    def is_postgres(self) -> bool:
+        return self.scheme in POSTGRES_SCHEMES
+
     def connect(self) -> Connection:
         """A new, not yet connected kombu connection."""
         options: dict[str, Any] = {}
@@ -107,6 +128,9 @@ class BrokerConfig:
             options["unacked_mutex_expire"] = self.visibility_timeout
             # kombu's Redis transport, made to keep a delivery through a Redis restart.
             transport = "saga.broker.redis_transport:Transport"
+        if self.is_postgres:
+            options["lease"] = self.lease
+            options["listen"] = self.listen
         connection = Connection(
             self.url,
             heartbeat=self.heartbeat if self.is_amqp else 0,
@@ -114,7 +138,6 @@ class BrokerConfig:
             transport=transport,
             transport_options=options,
         )
-        if not self.is_amqp:
-            # Not a transport option: the SQLAlchemy transport hands those to create_engine().
+        if not self.is_amqp and not self.is_postgres:
             connection.transport.polling_interval = self.polling_interval
         return connection

@@ -173,6 +173,8 @@ def broker_config(settings: Settings) -> BrokerConfig:
         heartbeat=settings.broker_heartbeat,
         accept_redis_message_loss=settings.accept_redis_message_loss,
         visibility_timeout=settings.redis_visibility_timeout,
+        lease=settings.broker_lease,
+        listen=settings.broker_listen,
     )
 
 

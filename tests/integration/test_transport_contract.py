@@ -1,4 +1,4 @@
-"""One contract, every transport: memory, RabbitMQ (amqp) and Redis.
+"""One contract, every transport: memory, RabbitMQ (amqp), Redis and PostgreSQL.
 
 Each test here runs once per transport through the ``any_broker`` fixture.
 """

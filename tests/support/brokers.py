@@ -30,7 +30,10 @@ class TestBroker:
     @property
     def config(self) -> BrokerConfig:
         return BrokerConfig(
-            self.url, visibility_timeout=5, accept_redis_message_loss=self.accepts_message_loss
+            self.url,
+            visibility_timeout=5,
+            lease=5,
+            accept_redis_message_loss=self.accepts_message_loss,
         )
 
     def use(self, *destinations: str) -> None:
@@ -119,4 +122,4 @@ class TestBroker:
 
 
 def iter_kinds() -> Iterator[str]:
-    yield from ("memory", "amqp", "redis")
+    yield from ("memory", "amqp", "redis", "postgres")

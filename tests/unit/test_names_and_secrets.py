@@ -92,6 +92,14 @@ def test_unsupported_broker_scheme() -> None:
     assert SENTINEL not in str(info.value)
 
 
+def test_sqlalchemy_broker_schemes_are_refused_with_a_pointer_to_postgresql() -> None:
+    for scheme in ("sqla+postgresql", "sqla+postgresql+psycopg"):
+        with pytest.raises(ConfigurationError, match=r"SQLAlchemy.*use .*postgresql://") as info:
+            BrokerConfig(f"{scheme}://u:{SENTINEL}@host/db")
+        assert SENTINEL not in str(info.value)
+    assert BrokerConfig("postgres://u@host/db").is_postgres
+
+
 def test_logging_filter_scrubs_secrets() -> None:
     record = logging.LogRecord(
         "x", logging.WARNING, __file__, 1, "lost %s", (f"postgresql://a:{SENTINEL}@h/d",), None

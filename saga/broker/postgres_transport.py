@@ -1,0 +1,529 @@
+"""PostgreSQL as the broker: a kombu virtual transport over one message table with leases.
+
+``SAGA_BROKER_URL=postgresql://...`` (or ``postgres://``) selects it; any database will
+do, a dedicated one or a service's own. The transport creates its schema (``saga_broker``
+unless the ``schema`` transport option says otherwise) on first connect, under an
+advisory lock, so no migration has to run first.
+
+The table holds one row per message: ``queue``, ``body``, ``headers``, ``properties``,
+``visible_at``, ``lock_token``, ``attempts``. The unacknowledged state lives in the table,
+not in the consumer's memory:
+
+- **take**: a batch is claimed with ``FOR UPDATE SKIP LOCKED``; the claim sets
+  ``visible_at = now() + lease``, a fresh ``lock_token`` and ``attempts + 1``. A row
+  whose ``visible_at`` is in the future is in flight (or delayed): nobody else takes it.
+- **ack**: ``DELETE`` fenced by the token (a consumer whose lease ran out cannot delete
+  what another now holds), batched: acks collect in memory and go in one statement
+  before the channel's next take, or when it closes.
+- **nack / requeue**: the row's lease is released (``visible_at = now() + delay``).
+- **renewal**: while a channel holds messages, a thread renews their lease every third
+  of it, so a long batch keeps them; a consumer that dies stops renewing, and its
+  messages come back when the lease ends.
+- **delay**: a message published with an ``x-delay`` header (milliseconds) is inserted
+  with ``visible_at`` that far ahead.
+- **wake-ups**: a publisher sends ``NOTIFY`` after its insert committed (never inside it,
+  so writers do not serialize on the notification lock), at most once per queue per
+  :data:`WAKE_INTERVAL`; consumers ``LISTEN`` and otherwise poll, backing off from
+  :data:`MIN_POLL` to :data:`MAX_POLL`. ``listen=False`` (transport option) polls only,
+  for poolers that cannot ``LISTEN``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from queue import Empty
+from time import monotonic
+from typing import Any
+
+import psycopg
+from kombu.transport import virtual
+from psycopg import sql
+
+from saga.db.sql import validate_name
+from saga.observability.redaction import redact_url
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SCHEMA = "saga_broker"
+#: Seconds a claimed message stays invisible to others unless its consumer renews it.
+DEFAULT_LEASE = 30.0
+#: Publishers notify a queue at most once per this many seconds.
+WAKE_INTERVAL = 0.005
+#: Poll interval of an idle consumer: from MIN_POLL, doubling to MAX_POLL (seconds).
+MIN_POLL = 0.005
+MAX_POLL = 1.0
+#: Messages a channel claims at once when no prefetch limit is set.
+DEFAULT_BATCH = 100
+#: Acks waiting for their DELETE are flushed at this many even before the next take.
+MAX_PENDING_ACKS = 1000
+
+_DDL = """
+CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {table} (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    body bytea NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{{}}',
+    properties jsonb NOT NULL DEFAULT '{{}}',
+    visible_at timestamptz NOT NULL DEFAULT now(),
+    lock_token uuid,
+    attempts integer NOT NULL DEFAULT 0,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id);
+"""
+
+
+def wake_channel(schema: str) -> str:
+    """The ``LISTEN`` channel of a broker schema."""
+    return f"{schema}_wake"
+
+
+def _tag(row_id: int, token: uuid.UUID | str) -> str:
+    return f"{row_id}:{token}"
+
+
+def _untag(delivery_tag: str) -> tuple[int, str]:
+    row_id, token = delivery_tag.split(":", 1)
+    return int(row_id), token
+
+
+class QoS(virtual.QoS):  # type: ignore[misc]
+    """Prefetch accounting in memory; acks, rejects and restores go to the table."""
+
+    def ack(self, delivery_tag: str) -> None:
+        self.channel.settle([delivery_tag], delete=True)
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        # requeue: released at once (or after the channel's requeue delay); otherwise dropped.
+        self.channel.settle([delivery_tag], delete=not requeue)
+        self._quick_ack(delivery_tag)
+
+    def restore_unacked(self) -> list[Any]:
+        """Release every lease this channel still holds (a channel that closes)."""
+        self._flush()
+        tags = list(self._delivered)
+        self._delivered.clear()
+        try:
+            self.channel.settle(tags, delete=False)
+        except Exception as exc:  # the connection is gone: the leases simply run out
+            logger.info("could not release %d lease(s) (%s); they expire", len(tags), exc)
+        return []
+
+
+class PublishBatch:
+    """A producer's batch (``Producer.batch()``): one multi-row INSERT per flush."""
+
+    def __init__(self, channel: Channel, max_size: int) -> None:
+        self.channel = channel
+        self.max_size = max_size
+        self._rows: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, message: dict[str, Any], **kwargs: Any) -> Any:
+        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
+
+    def add(self, queue: str, message: dict[str, Any]) -> None:
+        self._rows.append((queue, message))
+        if len(self._rows) >= self.max_size:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self._rows = self._rows, []
+        if rows:
+            self.channel.insert(rows)
+
+    def discard(self) -> None:
+        self._rows = []
+
+    def close(self) -> None:
+        self._rows = []
+
+
+class Channel(virtual.Channel):  # type: ignore[misc]
+    QoS = QoS
+    body_encoding = None  # bytes go to a bytea column as they are
+    supports_batch_publish = True
+    from_transport_options = (
+        *virtual.Channel.from_transport_options,
+        "schema",
+        "lease",
+        "requeue_delay",
+    )
+    schema = DEFAULT_SCHEMA
+    lease = DEFAULT_LEASE
+    requeue_delay = 0.0
+
+    def __init__(self, connection: Transport, **kwargs: Any) -> None:
+        super().__init__(connection, **kwargs)
+        validate_name(self.schema, "broker schema")
+        self.table = sql.Identifier(self.schema, "messages")
+        self.db = connection.connect_db()
+        connection.ensure_schema(self.db, self.schema)
+        self._pending_acks: list[tuple[int, str]] = []
+        self._held: dict[str, int] = {}  # lock token -> messages of its claim not yet settled
+        self._held_lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
+        self._stop_renewing = threading.Event()
+
+    # -- publishing ----------------------------------------------------------
+
+    def create_publish_batch(self, max_size: int) -> PublishBatch:
+        return PublishBatch(self, max_size)
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        batch = kwargs.pop("_publish_batch", None)
+        if batch is not None:
+            batch.add(queue, message)
+        else:
+            self.insert([(queue, message)])
+
+    def insert(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Insert messages in one statement (one commit), then wake their consumers."""
+        queues, bodies, headers, properties, delays = [], [], [], [], []
+        for queue, message in rows:
+            body = message["body"]
+            props = dict(message.get("properties") or {})
+            props["content-type"] = message.get("content-type")
+            props["content-encoding"] = message.get("content-encoding")
+            head = message.get("headers") or {}
+            queues.append(queue)
+            bodies.append(body if isinstance(body, bytes) else str(body).encode("utf-8"))
+            headers.append(json.dumps(head))
+            properties.append(json.dumps(props))
+            delays.append(float(head.get("x-delay") or 0) / 1000.0)
+        self.db.execute(
+            sql.SQL(
+                "INSERT INTO {} (queue, body, headers, properties, visible_at) "
+                "SELECT q, b, h::jsonb, p::jsonb, now() + d * interval '1 second' "
+                "FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::text[], %s::float8[]) "
+                "AS m(q, b, h, p, d)"
+            ).format(self.table),
+            (queues, bodies, headers, properties, delays),
+        )
+        self.connection.notify(self.db, self.schema, queues)
+
+    # -- consuming -----------------------------------------------------------
+
+    def drain_events(self, timeout: float | None = None, callback: Any = None) -> None:
+        self.flush_acks()
+        if not (self._consumers and self.qos.can_consume()):
+            raise Empty()
+        limit = self.qos.can_consume_max_estimate() or DEFAULT_BATCH
+        deliver = callback or self.connection._deliver
+        taken = self.claim(self._active_queues, limit)
+        if not taken:
+            raise Empty()
+        for payload, queue in taken:
+            deliver(payload, queue)
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        self.flush_acks()
+        taken = self.claim([queue], 1)
+        if not taken:
+            raise Empty()
+        return taken[0][0]
+
+    def claim(self, queues: Sequence[str], limit: int) -> list[tuple[dict[str, Any], str]]:
+        """Take up to ``limit`` visible messages of ``queues`` under a fresh lease."""
+        if not queues or limit <= 0:
+            return []
+        token = uuid.uuid4()
+        rows = self.db.execute(
+            sql.SQL(
+                "WITH next AS (SELECT id FROM {t} WHERE queue = ANY(%s) AND visible_at <= now() "
+                "ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) "
+                "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
+                "lock_token = %s, attempts = m.attempts + 1 FROM next WHERE m.id = next.id "
+                "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts"
+            ).format(t=self.table),
+            (list(queues), limit, self.lease, token),
+        ).fetchall()
+        if not rows:
+            return []
+        with self._held_lock:
+            self._held[str(token)] = len(rows)
+        self._start_renewing()
+        taken = []
+        for row_id, queue, body, headers, stored, attempts in sorted(rows):
+            props = dict(stored)
+            content_type = props.pop("content-type", None)
+            content_encoding = props.pop("content-encoding", None)
+            props["delivery_tag"] = _tag(row_id, token)
+            props.setdefault("delivery_info", {})
+            payload = {
+                "body": bytes(body),
+                "content-type": content_type,
+                "content-encoding": content_encoding,
+                "headers": headers,
+                "properties": props,
+                "redelivered": attempts > 1,
+            }
+            taken.append((payload, queue))
+        return taken
+
+    # -- settling ------------------------------------------------------------
+
+    def settle(self, delivery_tags: Iterable[str], *, delete: bool, delay: float = 0.0) -> None:
+        """Acknowledge (``delete``: batched) or release (at once) the given deliveries."""
+        pairs = [_untag(tag) for tag in delivery_tags]
+        if not pairs:
+            return
+        with self._held_lock:
+            for _, token in pairs:
+                left = self._held.get(token, 0) - 1
+                if left > 0:
+                    self._held[token] = left
+                else:
+                    self._held.pop(token, None)
+        if delete:
+            self._pending_acks.extend(pairs)
+            if len(self._pending_acks) >= MAX_PENDING_ACKS:
+                self.flush_acks()
+            return
+        self.db.execute(
+            sql.SQL(
+                "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
+                "lock_token = NULL FROM unnest(%s::bigint[], %s::uuid[]) AS s(id, token) "
+                "WHERE m.id = s.id AND m.lock_token = s.token"
+            ).format(t=self.table),
+            (delay or self.requeue_delay, [p[0] for p in pairs], [p[1] for p in pairs]),
+        )
+
+    def nack(self, delivery_tag: str, delay: float) -> None:
+        """Give a delivery back, to be delivered again after ``delay`` seconds."""
+        self.settle([delivery_tag], delete=False, delay=delay)
+        self.qos._quick_ack(delivery_tag)
+
+    def flush_acks(self) -> None:
+        """Delete the acknowledged messages, fenced by their lock tokens, in one statement."""
+        pairs, self._pending_acks = self._pending_acks, []
+        if not pairs:
+            return
+        try:
+            self.db.execute(
+                sql.SQL(
+                    "DELETE FROM {t} m USING unnest(%s::bigint[], %s::uuid[]) AS s(id, token) "
+                    "WHERE m.id = s.id AND m.lock_token = s.token"
+                ).format(t=self.table),
+                ([p[0] for p in pairs], [p[1] for p in pairs]),
+            )
+        except BaseException:
+            self._pending_acks[:0] = pairs  # not known to be deleted: try again, or the lease ends
+            raise
+
+    # -- leases --------------------------------------------------------------
+
+    def _start_renewing(self) -> None:
+        if self._renewer is None or not self._renewer.is_alive():
+            self._renewer = threading.Thread(
+                target=self._renew_loop, name="saga-broker-lease", daemon=True
+            )
+            self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        db: psycopg.Connection[Any] | None = None
+        try:
+            while not self._stop_renewing.wait(self.lease / 3):
+                with self._held_lock:
+                    tokens = list(self._held)
+                if not tokens:
+                    continue
+                try:
+                    if db is None or db.closed:
+                        db = self.connection.connect_db()
+                    self.renew(db, tokens)
+                except psycopg.Error as exc:
+                    logger.warning("renewing %d lease(s) failed: %s", len(tokens), exc)
+                    db = None
+        finally:
+            if db is not None:
+                db.close()
+
+    def renew(self, db: psycopg.Connection[Any], tokens: list[str]) -> int:
+        """Push the lease of every message held under ``tokens`` one lease ahead."""
+        cursor = db.execute(
+            sql.SQL(
+                "UPDATE {t} SET visible_at = now() + %s * interval '1 second' "
+                "WHERE lock_token = ANY(%s::uuid[])"
+            ).format(t=self.table),
+            (self.lease, tokens),
+        )
+        return cursor.rowcount
+
+    # -- queues --------------------------------------------------------------
+
+    def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        """Queues are implicit: a queue is the rows that name it."""
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        return True
+
+    def _size(self, queue: str) -> int:
+        self.flush_acks()
+        row = self.db.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE queue = %s AND visible_at <= now()").format(
+                self.table
+            ),
+            (queue,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _purge(self, queue: str) -> int:
+        self.flush_acks()
+        cursor = self.db.execute(
+            sql.SQL("DELETE FROM {} WHERE queue = %s AND visible_at <= now()").format(self.table),
+            (queue,),
+        )
+        return cursor.rowcount
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        self.db.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(self.table), (queue,))
+
+    def queue_delete(
+        self, queue: str, if_unused: bool = False, if_empty: bool = False, **kw: Any
+    ) -> None:
+        if if_empty and self._size(queue):
+            return
+        self._delete(queue)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.flush_acks()
+        except Exception as exc:
+            logger.info("acks not flushed at close (%s): those messages come back", exc)
+        super().close()  # releases the leases still held
+        self._stop_renewing.set()
+        self.db.close()
+
+
+class Transport(virtual.Transport):  # type: ignore[misc]
+    Channel = Channel
+    can_parse_url = True
+    driver_type = "postgresql"
+    driver_name = "psycopg"
+    implements = virtual.Transport.implements.extend(
+        asynchronous=False, exchange_type=frozenset(["direct"]), heartbeats=False
+    )
+    connection_errors = (
+        *virtual.Transport.connection_errors,
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+    )
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        options = client.transport_options
+        self.listen = bool(options.get("listen", True))
+        self.max_poll = float(options.get("max_poll", MAX_POLL))
+        self._poll = MIN_POLL
+        self._listener: psycopg.Connection[Any] | None = None
+        self._listening_schemas: set[str] = set()
+        self._notified: dict[tuple[str, str], float] = {}
+        self._schemas_ready: set[str] = set()
+
+    def driver_version(self) -> str:
+        return str(psycopg.__version__)
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        return uri if include_password else redact_url(uri)
+
+    @property
+    def url(self) -> str:
+        return str(self.client.hostname)
+
+    def connect_db(self) -> psycopg.Connection[Any]:
+        db = psycopg.connect(
+            self.url, autocommit=True, connect_timeout=int(self.client.connect_timeout or 10)
+        )
+        # A broker row must be on disk when the relay deletes its outbox row.
+        db.execute("SET synchronous_commit = on")
+        return db
+
+    def ensure_schema(self, db: psycopg.Connection[Any], schema: str) -> None:
+        if schema in self._schemas_ready:
+            return
+        table = sql.Identifier(schema, "messages")
+        exists = db.execute("SELECT to_regclass(%s)", (f"{schema}.messages",)).fetchone()
+        if not (exists and exists[0]):
+            with db.transaction():
+                db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
+                db.execute(
+                    sql.SQL(_DDL).format(
+                        schema=sql.Identifier(schema),
+                        table=table,
+                        index=sql.Identifier("messages_ready"),
+                    )
+                )
+        self._schemas_ready.add(schema)
+
+    # -- wake-ups ------------------------------------------------------------
+
+    def notify(self, db: psycopg.Connection[Any], schema: str, queues: Iterable[str]) -> None:
+        """Wake the consumers of ``queues``: after the commit, at most once per WAKE_INTERVAL."""
+        now = monotonic()
+        due = []
+        for queue in set(queues):
+            key = (schema, queue)
+            if now - self._notified.get(key, float("-inf")) >= WAKE_INTERVAL:
+                self._notified[key] = now
+                due.append(queue)
+        if due:
+            db.execute(
+                "SELECT pg_notify(%s, q) FROM unnest(%s::text[]) AS q", (wake_channel(schema), due)
+            )
+
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else monotonic() + timeout
+        while True:
+            try:
+                self.cycle.get(self._deliver, timeout=0)
+            except Empty:
+                remaining = None if deadline is None else deadline - monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError() from None
+                wait = self._poll if remaining is None else min(self._poll, remaining)
+                woken = self._wait(wait)
+                self._poll = MIN_POLL if woken else min(self._poll * 2, self.max_poll)
+            else:
+                self._poll = MIN_POLL
+                return
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, or less if a consumed queue is notified; True if it was."""
+        if not self.listen:
+            threading.Event().wait(seconds)
+            return False
+        listener = self._listen()
+        consumed = set(self._callbacks)
+        deadline = monotonic() + seconds
+        while (left := deadline - monotonic()) > 0:
+            for notice in listener.notifies(timeout=left, stop_after=1):
+                if notice.payload in consumed:
+                    return True
+        return False
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        if self._listener is None or self._listener.closed:
+            self._listener = self.connect_db()
+            self._listening_schemas = set()
+        schemas = {channel.schema for channel in self.channels}
+        for schema in schemas - self._listening_schemas:
+            channel = sql.Identifier(wake_channel(schema))
+            self._listener.execute(sql.SQL("LISTEN {}").format(channel))
+            self._listening_schemas.add(schema)
+        return self._listener
+
+    def close_connection(self, connection: Any) -> None:
+        try:
+            super().close_connection(connection)
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None

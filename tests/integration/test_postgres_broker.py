@@ -1,0 +1,183 @@
+"""PostgreSQL as the broker: leases bring back what a dead consumer held, acks are fenced."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from kombu import Consumer, Message
+
+from examples.order_saga.processes import SagaProcess, saga_env
+from saga.messaging.envelope import Envelope
+from tests.support.brokers import TestBroker
+from tests.support.databases import TestDatabase
+from tests.support.services import EFFECTS_DDL, Ping, service
+from tests.support.wait import wait_until
+
+JSON = "application/json"
+LEASE = 2.0
+
+
+@pytest.fixture
+def pg_broker(pg_broker_url: str) -> Iterator[TestBroker]:
+    broker = TestBroker(pg_broker_url, "postgres")
+    yield broker
+    broker.cleanup()
+
+
+def _rows(broker: TestBroker, destination: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(broker.url) as conn:
+        return conn.execute(
+            "SELECT id, lock_token, attempts, visible_at > now() FROM saga_broker.messages "
+            "WHERE queue = %s ORDER BY id",
+            (broker.topology.queue_name(destination),),
+        ).fetchall()
+
+
+def _effects(db: TestDatabase, key: str) -> int:
+    return int(db.scalar("SELECT count(*) FROM effects WHERE key = %s", (key,)))
+
+
+def test_a_consumer_killed_after_its_commit_loses_nothing_and_applies_nothing_twice(
+    db: TestDatabase, pg_broker: TestBroker, tmp_path: Path
+) -> None:
+    """The consumer handles the message, commits, and is SIGKILLed before its ack: the
+    message comes back when the lease ends, another consumer takes it, the inbox skips it."""
+    db.execute(EFFECTS_DDL)
+    env = saga_env(
+        db.url, pg_broker.url, pg_broker.topology.queue_prefix, SAGA_BROKER_LEASE=str(LEASE)
+    )
+    pg_broker.publish_raw(service.name, Envelope.wrap(Ping(key="crash")).to_bytes(), JSON)
+    args = ["consume", "tests.support.services:service"]
+    doomed = SagaProcess(args, {**env, "SAGA_FAULTS": "consumer.after_commit"}, tmp_path, "c1")
+    assert doomed.wait(60) == -9, doomed.output()
+    killed_at = time.monotonic()
+    assert _effects(db, "crash") == 1
+    ((_, token, attempts, in_flight),) = _rows(pg_broker, service.name)
+    assert token is not None and attempts == 1 and in_flight  # held by the dead consumer
+    survivor = SagaProcess(args, env, tmp_path, "c2")
+    try:
+        wait_until(lambda: not _rows(pg_broker, service.name), 15, what="the redelivery acked")
+    finally:
+        assert survivor.terminate() == 0, survivor.output()
+    assert time.monotonic() - killed_at < LEASE + 5  # within the lease (plus start-up)
+    assert _effects(db, "crash") == 1
+
+
+_HOLDER = """
+import sys, time
+from kombu import Consumer
+from saga.broker.transport import BrokerConfig, Topology
+config = BrokerConfig(sys.argv[1], lease=float(sys.argv[3]))
+queue = Topology(queue_prefix=sys.argv[2]).queue("svc")
+held = []
+with config.connect() as conn:
+    channel = conn.channel()
+    Consumer(channel, queues=[queue], on_message=held.append, accept=["application/json"]).consume()
+    while not held:
+        try:
+            conn.drain_events(timeout=1)
+        except TimeoutError:
+            pass
+    print("holding", len(held), flush=True)
+    while True:
+        time.sleep(60)  # never acks: waits for its SIGKILL
+"""
+
+
+def test_messages_taken_without_ack_by_a_killed_consumer_come_back_within_the_lease(
+    pg_broker: TestBroker,
+) -> None:
+    pg_broker.publish_many("svc", [b'{"n": 1}', b'{"n": 2}'])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, pg_broker.url, pg_broker.topology.queue_prefix, str(LEASE)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("holding 2")
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    killed_at = time.monotonic()
+    dead = _rows(pg_broker, "svc")
+    assert [(r[2], r[3]) for r in dead] == [(1, True), (1, True)]
+    received: list[Any] = []
+
+    def on_message(body: Any, message: Message) -> None:
+        received.append(body)
+        message.ack()
+
+    with pg_broker.config.connect() as conn:
+        queue = pg_broker.topology.queue("svc")
+        Consumer(conn.channel(), queues=[queue], callbacks=[on_message], accept=[JSON]).consume()
+
+        def delivered() -> bool:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.2)
+            return len(received) == 2
+
+        wait_until(delivered, LEASE + 3, what="both messages back after the lease")
+        assert time.monotonic() - killed_at <= LEASE + 1
+        # The dead consumer's token fences it off: it cannot delete what the survivor holds.
+        with psycopg.connect(pg_broker.url, autocommit=True) as db:
+            stale = db.execute(
+                "DELETE FROM saga_broker.messages WHERE id = ANY(%s) AND lock_token = ANY(%s)",
+                ([r[0] for r in dead], [r[1] for r in dead]),
+            )
+            assert stale.rowcount == 0
+    assert received == [{"n": 1}, {"n": 2}]
+    assert _rows(pg_broker, "svc") == []  # acked: deleted when the channel closed
+
+
+def test_a_consumer_that_holds_a_batch_past_its_lease_keeps_it_by_renewing(
+    pg_broker: TestBroker,
+) -> None:
+    pg_broker.publish_many("svc", [b'{"n": 1}'])
+    queue = pg_broker.topology.queue("svc")
+    config = replace(pg_broker.config, lease=0.6)
+    held: list[Message] = []
+    with config.connect() as holder, config.connect() as other:
+        Consumer(holder.channel(), queues=[queue], on_message=held.append, accept=[JSON]).consume()
+        wait_until(lambda: _drain(holder) or held, what="the message taken")
+        ((_, token, _, _),) = _rows(pg_broker, "svc")
+        first_deadline = _visible_at(pg_broker)
+        wait_until(
+            lambda: _visible_at(pg_broker) > first_deadline + timedelta(seconds=0.6),
+            what="the lease renewed past its first end",
+        )
+        thief: list[Message] = []
+        Consumer(other.channel(), queues=[queue], on_message=thief.append, accept=[JSON]).consume()
+        _drain(other)
+        assert thief == [] and _rows(pg_broker, "svc")[0][1] == token
+        held[0].ack()
+    assert _rows(pg_broker, "svc") == []
+
+
+def _drain(conn: Any) -> bool:
+    with contextlib.suppress(TimeoutError):
+        conn.drain_events(timeout=0.05)
+    return False
+
+
+def _visible_at(broker: TestBroker) -> Any:
+    with psycopg.connect(broker.url) as conn:
+        row = conn.execute(
+            "SELECT max(visible_at) FROM saga_broker.messages WHERE queue = %s",
+            (broker.topology.queue_name("svc"),),
+        ).fetchone()
+        assert row is not None
+        return row[0]
