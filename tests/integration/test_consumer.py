@@ -11,6 +11,7 @@ from consumers import BatchProcessor, Delivery, Outcome
 from examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.control import FailureReply
 from saga.messaging.envelope import Envelope
+from tests.support import servers
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
@@ -208,19 +209,15 @@ def test_consumer_reconnects_after_losing_its_database_connection(
 def test_consumer_reconnects_after_the_broker_closed_its_connection(
     db: TestDatabase, rabbit: TestBroker
 ) -> None:
-    import shutil
     import subprocess
 
-    import pytest
-
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl is not on this machine")
+    rabbitmqctl = servers.require_program("rabbitmqctl", servers.RABBITMQCTL_HINT)
     _setup(db)
     with running_service(service, db, rabbit):
         rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="one")).to_bytes(), JSON)
         wait_until(lambda: _effects(db, "ping", "one") == 1, what="first message")
         subprocess.run(
-            ["rabbitmqctl", "close_all_connections", "test: broker restart"],
+            [rabbitmqctl, "close_all_connections", "test: broker restart"],
             check=True,
             capture_output=True,
             timeout=60,
