@@ -148,11 +148,10 @@ def test_crash_after_commit_before_ack_redelivers_and_applies_once(
     assert "fault point consumer.after_commit fired" in doomed.output()
     assert _effects(db, "ping", "crash") == 1
     wait_until(lambda: rabbit.queue_depth(service.name) == 1, what="the unacked message requeued")
-    survivor = SagaProcess(args, env, tmp_path, "c2")
-    try:
-        wait_until(lambda: rabbit.queue_depth(service.name) == 0, what="redelivery consumed")
-    finally:
-        assert survivor.terminate() == 0, survivor.output()
+    with running_service(service, db, rabbit) as survivor:
+        wait_until(lambda: sum(survivor.counts.values()) == 1, what="redelivery handled")
+        assert survivor.counts[Outcome.DUPLICATE] == 1, survivor.counts  # the inbox caught it
+    assert rabbit.queue_depth(service.name) == 0  # acked: stopping the survivor requeued nothing
     assert _effects(db, "ping", "crash") == 1
 
 
