@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -92,3 +92,18 @@ class DatabaseFactory:
 def transaction(url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(url) as conn, conn.transaction():
         yield conn
+
+
+def wake_hints(db: TestDatabase, write: Callable[[], object]) -> int:
+    """How many wake-up hints ``write`` sent, counted up to a marker sent after it commits.
+
+    Notifications arrive in commit order, so no timeout decides the count.
+    """
+    with db.connect() as listener:
+        listener.execute("LISTEN saga_outbox")
+        write()
+        listener.execute("NOTIFY saga_outbox, 'marker'")
+        for hints, note in enumerate(listener.notifies()):
+            if note.payload == "marker":
+                return hints
+    raise AssertionError("unreachable")
