@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
 from saga.db.schema import migrate
+
+
+def with_credentials(url: str, user: str | None = None, password: str | None = None) -> str:
+    """``url`` with its user and/or password replaced, whatever its shape (host, port, IPv6)."""
+    parts = urlsplit(url)
+    user = user or parts.username or getpass.getuser()
+    password = password if password is not None else parts.password
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+    netloc = quote(user, safe="")
+    if password is not None:
+        netloc += ":" + quote(password, safe="")
+    netloc += f"@{host or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def with_database(url: str, name: str) -> str:
