@@ -134,7 +134,9 @@ def test_two_relays_share_the_work_without_duplicates(db: TestDatabase, rabbit: 
             t.join(30)
     texts = _texts(rabbit.receive("notes", 2000, timeout=30))
     assert sorted(texts) == sorted(f"m{i}" for i in range(2000))
+    assert rabbit.queue_depth("notes") == 0  # no late duplicate behind the 2000
     assert all(r.published_total > 0 for r in relays)
+    assert sum(r.published_total for r in relays) == 2000
 
 
 def test_sigterm_finishes_the_batch_and_exits_zero(
