@@ -12,7 +12,7 @@ import pytest
 
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.redis_server import RedisServer
-from tests.support import servers
+from tests.support import sagas, servers, services
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
 from tests.support.example_cluster import make_cluster
@@ -31,6 +31,13 @@ def _server(kind: str) -> str:
     if server.url is None:
         servers.unavailable(server.kind, server.how_to_enable)
     return server.url
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counters() -> None:
+    """Tries counted by the test handlers in this process start from zero in every test."""
+    sagas.reset_counters()
+    services.reset_counters()
 
 
 @pytest.fixture(scope="session")

@@ -374,3 +374,13 @@ def test_a_policy_can_retry_deterministic_failures_too(db: TestDatabase) -> None
     assert db.rows("SELECT error_type, attempts FROM saga.dead_letters") == [
         ("ConfigurationError", 4)  # 2 tries x 2 deliveries
     ]
+
+
+@pytest.mark.parametrize("run", ["first", "second"])
+def test_tries_are_counted_afresh_in_every_test(db: TestDatabase, run: str) -> None:
+    """Both runs fail once, then succeed: no try counted by the other run carries over."""
+    _setup(db)
+    flaky = Envelope.wrap(Flaky(key="counted-per-test", fail_times=1)).to_bytes()
+    with db.connect(autocommit=False) as conn:
+        assert BatchProcessor(service).process(conn, [Delivery(flaky, JSON)]) == [Outcome.HANDLED]
+    assert db.rows("SELECT seq FROM effects WHERE kind = 'flaky-done'") == [(2,)]  # 2nd try

@@ -96,6 +96,11 @@ def handle_refuse(tx: psycopg.Connection[Any], msg: Refuse, ctx: HandlerContext)
 _flaky_tries: Counter[str] = Counter()
 
 
+def reset_counters() -> None:
+    """Forget the tries counted so far (an autouse fixture calls it before every test)."""
+    _flaky_tries.clear()
+
+
 @service.handler(Flaky)
 def handle_flaky(tx: psycopg.Connection[Any], msg: Flaky, ctx: HandlerContext) -> None:
     """Fails the first ``fail_times`` tries in this process, then applies its effect."""
