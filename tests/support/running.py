@@ -75,8 +75,10 @@ def running_service(
         metrics=metrics,
     )
     runner.start()
+    if not runner.wait_ready(30):
+        stop_runner(runner)  # raises the failure that kept it from starting
+        raise AssertionError("service did not start consuming within 30s")
     try:
-        assert runner.wait_ready(30), f"service did not start consuming: {runner.failure!r}"
         yield runner
     finally:
         stop_runner(runner)
