@@ -10,17 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from examples.order_saga.processes import REPO
 from tests.support import servers
 
-ROOT = Path(__file__).resolve().parents[2]
-
 SERVERS = [
-    (
-        "SAGA_TEST_DATABASE_URL",
-        "postgresql://postgres@127.0.0.1:{port}/postgres",
-        "db",
-        "PostgreSQL",
-    ),
+    ("SAGA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:{port}/pg", "db", "PostgreSQL"),
     ("SAGA_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:{port}//", "rabbit", "RabbitMQ"),
     ("SAGA_TEST_REDIS_URL", "redis://127.0.0.1:{port}/0", "redis_url", "Redis"),
 ]
@@ -41,7 +35,7 @@ def _run_one_test(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-rfEs",
          "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(test)],
         check=False,
-        cwd=ROOT,
+        cwd=REPO,
         env={**os.environ, **env},
         capture_output=True,
         text=True,
