@@ -6,8 +6,6 @@ with one summary line per missing server saying how to enable that tier.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -15,14 +13,12 @@ import pytest
 
 from examples.order_saga.cluster import Cluster
 from examples.order_saga.redis_server import RedisServer
-from tests.support import servers
+from tests.support import sagas, servers, services
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase, with_database
 from tests.support.example_cluster import make_cluster
 
 PG_BROKER_DATABASE = "saga_test_broker"
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-_missing: dict[str, str] = {}
 _resolved: dict[str, servers.Server] = {}
 
 
@@ -35,12 +31,15 @@ def _server(kind: str) -> str:
         }[kind]()
     server = _resolved[kind]
     if server.url is None:
-        message = f"{server.kind} is not available: {server.how_to_enable}"
-        if ON_CI:
-            pytest.fail(f"CI=true and {message}", pytrace=False)
-        _missing[server.kind] = server.how_to_enable
-        pytest.skip(message)
+        servers.unavailable(server.kind, server.how_to_enable)
     return server.url
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counters() -> None:
+    """Tries counted by the test handlers in this process start from zero in every test."""
+    sagas.reset_counters()
+    services.reset_counters()
 
 
 @pytest.fixture(scope="session")
@@ -109,12 +108,7 @@ def private_redis() -> Iterator[Callable[..., RedisServer]]:
 
     Call it with ``persistent=True`` (appendonly yes, appendfsync always) or False.
     """
-    if shutil.which("redis-server") is None:
-        hint = "install redis-server (apt-get install redis-server)"
-        if ON_CI:
-            pytest.fail(f"CI=true and redis-server is not installed: {hint}", pytrace=False)
-        _missing["a private redis-server"] = hint
-        pytest.skip(f"redis-server is not installed: {hint}")
+    servers.require_program("redis-server", servers.REDIS_SERVER_HINT)
     servers_started: list[RedisServer] = []
 
     def start(*, persistent: bool, extra_args: tuple[str, ...] = ()) -> RedisServer:
@@ -163,7 +157,7 @@ def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for kind, hint in sorted(_missing.items()):
+    for kind, hint in sorted(servers.MISSING.items()):
         terminalreporter.write_line(
             f"NOT RUN: tests needing {kind} were skipped; to run them, {hint}", yellow=True
         )

@@ -6,6 +6,11 @@ re-scheduled through the outbox with ``deliver_after`` (one per entry of
 ``delays``), so no worker waits for it. When those run out too, the message
 becomes a dead letter. The count travels in the envelope's ``attempt``
 header: it is ours, not the broker's.
+
+Errors that no retry can mend (:data:`DETERMINISTIC_ERRORS`: data PostgreSQL
+refuses, such as a NUL character in a text field, SQL errors, the framework's
+configuration errors such as a reply without ``reply_to``) become dead letters
+at once. Set ``deterministic=()`` to retry them like any other failure.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+import psycopg
 from tenacity import (
     Retrying,
     retry_if_exception,
@@ -24,6 +30,13 @@ from tenacity import (
 )
 
 from saga.errors import BatchConflict, ConfigurationError, StepFailed
+
+#: Failures that fail the same way on every try: dead-lettered without a retry by default.
+DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.DataError,
+    psycopg.ProgrammingError,
+    ConfigurationError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +52,7 @@ class RetryPolicy:
     delays: tuple[float, ...] = (1.0, 10.0, 60.0)
     delay_jitter: float = 0.2
     never_retry: tuple[type[BaseException], ...] = ()
+    deterministic: tuple[type[BaseException], ...] = DETERMINISTIC_ERRORS
 
     def __post_init__(self) -> None:
         if self.immediate_attempts < 1:
@@ -53,7 +67,9 @@ class RetryPolicy:
         return self.immediate_attempts * (len(self.delays) + 1)
 
     def is_retriable(self, exc: BaseException) -> bool:
-        return not isinstance(exc, (StepFailed, BatchConflict, *self.never_retry))
+        return not isinstance(
+            exc, (StepFailed, BatchConflict, *self.never_retry, *self.deterministic)
+        )
 
     def retries(self) -> Retrying:
         """A tenacity controller for the tries after a failed first one.

@@ -6,9 +6,10 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from examples.order_saga.processes import REPO, SAGA, SagaProcess
-from tests.support.databases import TestDatabase
+from tests.support.databases import TestDatabase, with_credentials
 from tests.support.wait import wait_until
 
 SENTINEL = "Sentinel-Pa55-4e1d"
@@ -41,7 +42,8 @@ def test_unreachable_servers_never_print_the_password(tmp_path: Path) -> None:
 def test_a_working_password_is_masked_in_what_processes_print(
     db: TestDatabase, tmp_path: Path
 ) -> None:
-    url = db.url.replace("postgres@", f"postgres:{SENTINEL}@", 1)  # trust auth ignores it
+    url = with_credentials(db.url, password=SENTINEL)  # trust auth ignores it
+    assert urlsplit(url).password == SENTINEL  # planted, whatever the shape of db.url
     env = _env(SAGA_DATABASE_URL=url, SAGA_BROKER_URL=f"amqp://guest:{SENTINEL}@127.0.0.1:1//")
     consumer = SagaProcess(["consume", "tests.support.services:service"], env, tmp_path, "c")
     wait_until(lambda: "Retrying" in consumer.output(), timeout=30, what="broker retry logged")

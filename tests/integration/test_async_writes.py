@@ -25,7 +25,7 @@ from saga.messaging.outbox import OutgoingMessage, collect_written
 from saga.operations.resume import SagaResumer
 from tests.support import loans
 from tests.support.brokers import TestBroker
-from tests.support.databases import TestDatabase
+from tests.support.databases import TestDatabase, wake_hints
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL
 from tests.support.wait import wait_until
@@ -54,21 +54,6 @@ def in_async_tx(
 
 def outbox_rows(db: TestDatabase) -> list[tuple[Any, ...]]:
     return db.rows("SELECT id, destination, message_type, saga_id FROM saga.outbox ORDER BY id")
-
-
-def wake_hints(db: TestDatabase, write: Callable[[], object]) -> int:
-    """How many wake-up hints ``write`` sent, counted up to a marker sent after it commits.
-
-    Notifications arrive in commit order, so no timeout decides the count.
-    """
-    with db.connect() as listener:
-        listener.execute("LISTEN saga_outbox")
-        write()
-        listener.execute("NOTIFY saga_outbox, 'marker'")
-        for hints, note in enumerate(listener.notifies()):
-            if note.payload == "marker":
-                return hints
-    raise AssertionError("unreachable")
 
 
 # -- Outbox.add_async --------------------------------------------------------------

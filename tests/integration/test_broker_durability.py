@@ -16,7 +16,7 @@ from saga.errors import UnsafeDurability
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
-from tests.support.running import running_relay, running_service
+from tests.support.running import ThreadDied, running_relay, running_service
 from tests.support.services import EFFECTS_DDL, Ping, service
 from tests.support.wait import wait_until
 
@@ -38,7 +38,10 @@ def test_relay_and_consumer_refuse_a_redis_that_loses_messages(
     broker = TestBroker(private_redis(persistent=False, extra_args=extra).url, "redis")
     with pytest.raises(UnsafeDurability, match=named):
         _relay_connects(db, broker)
-    with pytest.raises(AssertionError, match="did not start"), running_service(service, db, broker):
+    with (
+        pytest.raises(ThreadDied, match="died: UnsafeDurability"),
+        running_service(service, db, broker),
+    ):
         pass
     accepted = TestBroker(broker.url, "redis", broker.topology, accepts_message_loss=True)
     _relay_connects(db, accepted)

@@ -6,15 +6,21 @@ import json
 import pickle
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
 
 from consumers import BatchProcessor, Delivery, Outcome
 from examples.order_saga.processes import SagaProcess, saga_env
+from saga import HandlerContext, RetryPolicy, Service
 from saga.messaging.control import FailureReply
 from saga.messaging.envelope import Envelope
+from tests.support import servers
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
-from tests.support.services import EFFECTS_DDL, Flaky, Ping, Refuse, service
+from tests.support.services import EFFECTS_DDL, Flaky, Ping, Pong, Refuse, service
 from tests.support.wait import wait_until
 
 JSON = "application/json"
@@ -142,11 +148,10 @@ def test_crash_after_commit_before_ack_redelivers_and_applies_once(
     assert "fault point consumer.after_commit fired" in doomed.output()
     assert _effects(db, "ping", "crash") == 1
     wait_until(lambda: rabbit.queue_depth(service.name) == 1, what="the unacked message requeued")
-    survivor = SagaProcess(args, env, tmp_path, "c2")
-    try:
-        wait_until(lambda: rabbit.queue_depth(service.name) == 0, what="redelivery consumed")
-    finally:
-        assert survivor.terminate() == 0, survivor.output()
+    with running_service(service, db, rabbit) as survivor:
+        wait_until(lambda: sum(survivor.counts.values()) == 1, what="redelivery handled")
+        assert survivor.counts[Outcome.DUPLICATE] == 1, survivor.counts  # the inbox caught it
+    assert rabbit.queue_depth(service.name) == 0  # acked: stopping the survivor requeued nothing
     assert _effects(db, "ping", "crash") == 1
 
 
@@ -208,19 +213,15 @@ def test_consumer_reconnects_after_losing_its_database_connection(
 def test_consumer_reconnects_after_the_broker_closed_its_connection(
     db: TestDatabase, rabbit: TestBroker
 ) -> None:
-    import shutil
     import subprocess
 
-    import pytest
-
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl is not on this machine")
+    rabbitmqctl = servers.require_program("rabbitmqctl", servers.RABBITMQCTL_HINT)
     _setup(db)
     with running_service(service, db, rabbit):
         rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="one")).to_bytes(), JSON)
         wait_until(lambda: _effects(db, "ping", "one") == 1, what="first message")
         subprocess.run(
-            ["rabbitmqctl", "close_all_connections", "test: broker restart"],
+            [rabbitmqctl, "close_all_connections", "test: broker restart"],
             check=True,
             capture_output=True,
             timeout=60,
@@ -233,9 +234,8 @@ def test_batches_that_deadlock_on_hot_rows_still_finish(
     db: TestDatabase, rabbit: TestBroker
 ) -> None:
     """Two workers whose batches lock the same rows in opposite orders: every message lands."""
-    from typing import Any
 
-    from saga import HandlerContext, Service
+    from saga import Service
     from tests.support.services import Hop
 
     db.execute("CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL)")
@@ -309,3 +309,78 @@ def test_one_batch_commits_each_delivery_on_its_own_merits(db: TestDatabase) -> 
         db.scalar("SELECT count(*) FROM saga.outbox WHERE message_id = %s", (failing.message_id,))
         == 2
     )
+
+
+class Deterministic(BaseModel):
+    """A command that fails the same way on every try: ``fault`` says how."""
+
+    key: str
+    fault: str
+
+
+def _fail_deterministically(tx: Any, msg: Deterministic, ctx: HandlerContext) -> Pong:
+    if msg.fault == "sql":
+        tx.execute("SELECT no_such_column FROM public.effects")
+    tx.execute("INSERT INTO public.effects (kind, key) VALUES ('deterministic', %s)", (msg.key,))
+    return Pong(key=msg.key)  # with no reply_to: a ConfigurationError
+
+
+def _deterministic_service(policy: RetryPolicy) -> Service:
+    svc = Service("deterministic", retry=policy)
+    svc.handler(Deterministic)(_fail_deterministically)
+    return svc
+
+
+DETERMINISTIC_FAULTS = [
+    ("nul\x00in text", "nul", "DataError"),  # psycopg refuses a NUL character in a text field
+    ("bad-sql", "sql", "UndefinedColumn"),  # a ProgrammingError
+    ("no-reply-to", "reply", "ConfigurationError"),  # a reply without reply_to
+]
+
+
+@pytest.mark.parametrize(("key", "fault", "error_type"), DETERMINISTIC_FAULTS)
+def test_a_deterministic_failure_is_dead_lettered_at_once(
+    db: TestDatabase, key: str, fault: str, error_type: str
+) -> None:
+    _setup(db)
+    patient = RetryPolicy(immediate_attempts=3, immediate_initial_wait=0.0, delays=(0.05, 0.05))
+    envelope = Envelope.wrap(Deterministic(key=key, fault=fault))
+    processor = BatchProcessor(_deterministic_service(patient))
+    with db.connect(autocommit=False) as conn:
+        assert processor.process(conn, [Delivery(envelope.to_bytes(), JSON)]) == [
+            Outcome.DEAD_LETTERED
+        ]
+    (row,) = db.rows("SELECT message_id, error_type, attempts FROM saga.dead_letters")
+    assert row == (envelope.message_id, error_type, 1)  # one try, no delayed retry
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+    assert db.scalar("SELECT count(*) FROM saga.inbox") == 0
+    assert db.scalar("SELECT count(*) FROM public.effects") == 0
+
+
+def test_a_policy_can_retry_deterministic_failures_too(db: TestDatabase) -> None:
+    _setup(db)
+    stubborn = RetryPolicy(
+        immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.05,), deterministic=()
+    )
+    envelope = Envelope.wrap(Deterministic(key="no-reply-to", fault="reply"))
+    processor = BatchProcessor(_deterministic_service(stubborn))
+    with db.connect(autocommit=False) as conn:
+        first = processor.process(conn, [Delivery(envelope.to_bytes(), JSON)])
+        again = Delivery(envelope.with_headers(attempt="2").to_bytes(), JSON)
+        assert (first, processor.process(conn, [again])) == (
+            [Outcome.RETRY_SCHEDULED],
+            [Outcome.DEAD_LETTERED],
+        )
+    assert db.rows("SELECT error_type, attempts FROM saga.dead_letters") == [
+        ("ConfigurationError", 4)  # 2 tries x 2 deliveries
+    ]
+
+
+@pytest.mark.parametrize("run", ["first", "second"])
+def test_tries_are_counted_afresh_in_every_test(db: TestDatabase, run: str) -> None:
+    """Both runs fail once, then succeed: no try counted by the other run carries over."""
+    _setup(db)
+    flaky = Envelope.wrap(Flaky(key="counted-per-test", fail_times=1)).to_bytes()
+    with db.connect(autocommit=False) as conn:
+        assert BatchProcessor(service).process(conn, [Delivery(flaky, JSON)]) == [Outcome.HANDLED]
+    assert db.rows("SELECT seq FROM effects WHERE kind = 'flaky-done'") == [(2,)]  # 2nd try

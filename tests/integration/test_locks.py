@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import redis
 from examples.order_saga.processes import REPO
 from saga.effects.locks import FencedLock
 from saga.errors import LockLost, LockTimeout
+from tests.support import servers
 from tests.support.databases import TestDatabase
 from tests.support.lock_holder import FENCED_WRITE
 from tests.support.wait import wait_until
@@ -78,9 +78,7 @@ def test_a_paused_holder_gets_its_stale_token_rejected(redis_url: str, db: TestD
 
 
 def test_losing_redis_while_holding_is_surfaced(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
+    server = servers.require_program("redis-server", servers.REDIS_SERVER_HINT)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

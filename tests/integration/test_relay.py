@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from saga.errors import UnsafeDurability
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
+from tests.support.running import in_thread
 from tests.support.wait import wait_until
 
 
@@ -121,20 +121,14 @@ def test_relay_refuses_a_session_with_synchronous_commit_off(
 
 def test_two_relays_share_the_work_without_duplicates(db: TestDatabase, rabbit: TestBroker) -> None:
     _write(db, *[f"m{i}" for i in range(2000)])
-    stop = threading.Event()
     relays = [_relay(db, rabbit, batch_size=50) for _ in range(2)]
-    threads = [threading.Thread(target=r.run, args=(stop,)) for r in relays]
-    for t in threads:
-        t.start()
-    try:
+    with in_thread(relays[0].run, "relay-1"), in_thread(relays[1].run, "relay-2"):
         wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="drained")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
     texts = _texts(rabbit.receive("notes", 2000, timeout=30))
     assert sorted(texts) == sorted(f"m{i}" for i in range(2000))
+    assert rabbit.queue_depth("notes") == 0  # no late duplicate behind the 2000
     assert all(r.published_total > 0 for r in relays)
+    assert sum(r.published_total for r in relays) == 2000
 
 
 def test_sigterm_finishes_the_batch_and_exits_zero(

@@ -14,14 +14,14 @@ from saga import Outbox
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
-from tests.support.databases import TestDatabase
+from tests.support.databases import TestDatabase, with_credentials
 from tests.support.running import running_service
 from tests.support.services import EFFECTS_DDL, Flaky, Ping, service
 from tests.support.wait import wait_until
 
 
 def as_user(db: TestDatabase, user: str) -> str:
-    return db.url.replace("postgres@", f"{user}@", 1)
+    return with_credentials(db.url, user)
 
 
 @pytest.fixture

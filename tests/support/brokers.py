@@ -79,7 +79,8 @@ class TestBroker:
                 )
 
     def receive(self, destination: str, count: int, timeout: float = 10.0) -> list[Any]:
-        """Take ``count`` messages from a destination's queue (acked), waiting up to ``timeout``."""
+        """Take up to ``count`` messages from a destination's queue (acked), waiting up to
+        ``timeout``; any further message stays in the queue."""
         self.use(destination)
         got: list[Any] = []
         with Connection(self.url) as conn:
@@ -88,6 +89,9 @@ class TestBroker:
             queue(channel).declare()
 
             def take(message: Any) -> None:
+                if len(got) >= count:  # prefetched past the count: leave it in the queue
+                    message.requeue()
+                    return
                 got.append(message)
                 message.ack()
 

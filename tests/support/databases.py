@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
 from saga.db.schema import migrate
+
+
+def with_credentials(url: str, user: str | None = None, password: str | None = None) -> str:
+    """``url`` with its user and/or password replaced, whatever its shape (host, port, IPv6)."""
+    parts = urlsplit(url)
+    user = user or parts.username or getpass.getuser()
+    password = password if password is not None else parts.password
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname
+    netloc = quote(user, safe="")
+    if password is not None:
+        netloc += ":" + quote(password, safe="")
+    netloc += f"@{host or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def with_database(url: str, name: str) -> str:
@@ -92,3 +106,18 @@ class DatabaseFactory:
 def transaction(url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(url) as conn, conn.transaction():
         yield conn
+
+
+def wake_hints(db: TestDatabase, write: Callable[[], object]) -> int:
+    """How many wake-up hints ``write`` sent, counted up to a marker sent after it commits.
+
+    Notifications arrive in commit order, so no timeout decides the count.
+    """
+    with db.connect() as listener:
+        listener.execute("LISTEN saga_outbox")
+        write()
+        listener.execute("NOTIFY saga_outbox, 'marker'")
+        for hints, note in enumerate(listener.notifies()):
+            if note.payload == "marker":
+                return hints
+    raise AssertionError("unreachable")

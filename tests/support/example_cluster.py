@@ -16,7 +16,7 @@ from examples.order_saga.supervisor import Supervisor
 from saga.cli.loading import load_service
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
-from tests.support.running import running_relay
+from tests.support.running import running_relay, stop_runner
 from tests.support.wait import wait_until
 
 
@@ -67,7 +67,7 @@ def services_in_threads(system: Cluster, broker: TestBroker, **options: object) 
                 broker.topology,
             )
             runner.start()
-            stack.callback(runner.stop, 30)
+            stack.callback(stop_runner, runner)
             assert runner.wait_ready(30)
         yield
 

@@ -1,9 +1,13 @@
-"""Running relays and services in threads of the test process."""
+"""Running relays and services in threads of the test process.
+
+Every helper checks at exit that what it ran did not die: a thread that raised
+re-raises its error in the test, and one still alive after the join fails it.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from consumers import ConsumerOptions, Service, ServiceRunner
@@ -11,6 +15,46 @@ from outbox_relay import Relay, RelayOptions
 from saga.observability.metrics import Metrics
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
+
+JOIN_TIMEOUT = 30.0
+
+
+class ThreadDied(AssertionError):
+    """A relay or service running in a test thread stopped on an error."""
+
+
+@contextmanager
+def in_thread(run: Callable[[threading.Event], object], name: str) -> Iterator[threading.Thread]:
+    """``run(stop)`` in a thread until the block ends; its failure fails the test."""
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run(stop)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=target, name=name)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(JOIN_TIMEOUT)
+        if failures:
+            raise ThreadDied(f"{name} died: {failures[0]!r}") from failures[0]
+        assert not thread.is_alive(), f"{name} did not stop within {JOIN_TIMEOUT}s"
+
+
+def stop_runner(runner: ServiceRunner) -> None:
+    """Stop ``runner``; a worker that died (or would not stop) fails the test."""
+    runner.stop(JOIN_TIMEOUT)
+    failure = runner.failure
+    if failure is not None:
+        raise ThreadDied(f"{runner.service.name} died: {failure!r}") from failure
+    alive = [t.name for t in runner._threads if t.is_alive()]
+    assert not alive, f"{alive} did not stop within {JOIN_TIMEOUT}s"
 
 
 @contextmanager
@@ -31,21 +75,17 @@ def running_service(
         metrics=metrics,
     )
     runner.start()
+    if not runner.wait_ready(30):
+        stop_runner(runner)  # raises the failure that kept it from starting
+        raise AssertionError("service did not start consuming within 30s")
     try:
-        assert runner.wait_ready(30), "service did not start consuming"
         yield runner
     finally:
-        runner.stop(30)
+        stop_runner(runner)
 
 
 @contextmanager
 def running_relay(db: TestDatabase, broker: TestBroker, **options: object) -> Iterator[Relay]:
     relay = Relay(db.url, broker.config, RelayOptions(**options), broker.topology)  # type: ignore[arg-type]
-    stop = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stop,), name="test-relay")
-    thread.start()
-    try:
+    with in_thread(relay.run, "test-relay"):
         yield relay
-    finally:
-        stop.set()
-        thread.join(30)

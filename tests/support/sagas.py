@@ -113,6 +113,12 @@ _tries: Counter[str] = Counter()
 FIXED_REFUNDS: set[str] = set()
 
 
+def reset_counters() -> None:
+    """Forget tries and fixed refunds (an autouse fixture calls it before every test)."""
+    _tries.clear()
+    FIXED_REFUNDS.clear()
+
+
 @bank.handler(Charge)
 def charge(tx: Tx, cmd: Charge, ctx: HandlerContext) -> Charged:
     effect(tx, "charge", cmd.trip_id)

@@ -4,19 +4,27 @@
    ``SAGA_TEST_REDIS_URL``);
 2. the local default address, if something answers there;
 3. testcontainers, when a Docker engine answers and ``SAGA_TEST_CONTAINERS=1``;
-4. for PostgreSQL alone, the embedded server used by ``make demo``.
+4. for PostgreSQL alone, the embedded server used by ``make demo`` (never under
+   ``CI=true``: CI tests the server it was given, or fails).
+
+A URL from the environment that does not answer counts as missing. A missing
+server (or program) fails the test under ``CI=true``, naming it, and skips it
+elsewhere (:func:`unavailable`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
+
+import pytest
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,33 @@ class Server:
 
 
 _started: list[Any] = []  # containers to stop at exit
+
+REDIS_SERVER_HINT = "install redis-server (apt-get install redis-server)"
+RABBITMQCTL_HINT = "install rabbitmq-server (rabbitmqctl) on the machine running the tests"
+
+#: What was skipped for want of a server or program, and how to enable it (summary lines).
+MISSING: dict[str, str] = {}
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(what: str, hint: str) -> NoReturn:
+    """Fail the test under ``CI=true`` (naming ``what``), skip it elsewhere."""
+    message = f"{what} is not available: {hint}"
+    if on_ci():
+        pytest.fail(f"CI=true and {message}", pytrace=False)
+    MISSING[what] = hint
+    pytest.skip(message)
+
+
+def require_program(name: str, hint: str) -> str:
+    """The path of an executable a test needs; a missing one is :func:`unavailable`."""
+    path = shutil.which(name)
+    if path is None:
+        unavailable(name, hint)
+    return path
 
 
 def _answers(url: str, default_port: int) -> bool:
@@ -112,14 +147,23 @@ def resolve(
         f"set {env_var}, start {kind} on {default_url}, or set SAGA_TEST_CONTAINERS=1 with Docker"
     )
     if os.environ.get(env_var):
-        return Server(kind, os.environ[env_var], "environment", hint)
+        url = os.environ[env_var]
+        if _answers(url, default_port):
+            return Server(kind, url, "environment", hint)
+        where = urlsplit(url)
+        return Server(
+            kind,
+            None,
+            "missing",
+            f"nothing answers at {where.hostname}:{where.port or default_port} ({env_var})",
+        )
     if _answers(default_url, default_port):
         return Server(kind, default_url, "local", hint)
     if _docker_available():
         url = container()
         if url:
             return Server(kind, url, "testcontainers", hint)
-    if fallback is not None:
+    if fallback is not None and not on_ci():
         url = fallback()
         if url:
             return Server(kind, url, "embedded", hint)

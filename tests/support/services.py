@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Service, StepFailed
+
+if TYPE_CHECKING:
+    from tests.support.databases import TestDatabase
 
 EFFECTS_DDL = """
 CREATE TABLE IF NOT EXISTS public.effects (
@@ -55,6 +58,12 @@ class Flaky(BaseModel):
     fail_times: int
 
 
+def effects_per_key(db: TestDatabase, kind: str) -> dict[str, int]:
+    """How many times each key got an effect of ``kind`` (a duplicate counts 2, not 1)."""
+    rows = db.rows("SELECT key, count(*) FROM public.effects WHERE kind = %s GROUP BY key", (kind,))
+    return {key: int(n) for key, n in rows}
+
+
 def _effect(tx: psycopg.Connection[Any], kind: str, key: str, seq: int = 0) -> None:
     tx.execute("INSERT INTO public.effects (kind, key, seq) VALUES (%s, %s, %s)", (kind, key, seq))
 
@@ -85,6 +94,11 @@ def handle_refuse(tx: psycopg.Connection[Any], msg: Refuse, ctx: HandlerContext)
 
 
 _flaky_tries: Counter[str] = Counter()
+
+
+def reset_counters() -> None:
+    """Forget the tries counted so far (an autouse fixture calls it before every test)."""
+    _flaky_tries.clear()
 
 
 @service.handler(Flaky)
