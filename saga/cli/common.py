@@ -48,7 +48,7 @@ BrokerUrlOption = Annotated[
     str | None,
     typer.Option(
         "--broker-url",
-        help=f"Broker URL: amqp://, redis:// or memory://. Env: {ENV_BROKER_URL}.",
+        help=f"Broker URL: amqp://, redis://, postgresql:// or memory://. Env: {ENV_BROKER_URL}.",
         show_default=False,
     ),
 ]
