@@ -137,6 +137,31 @@ def _three_steps(args: argparse.Namespace, figures: Figures) -> Row:
     )
 
 
+def _pg_broker(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """The three-step saga with PostgreSQL as the broker, against the same saga on RabbitMQ
+    (measured by :func:`_three_steps` in this run, or here when it was not)."""
+    rows = [] if figures.get("three_step_sagas_per_s") else [_three_steps(args, figures)]
+    name = "saga of 3 remote steps, PostgreSQL as the broker (its own database)"
+    with tempfile.TemporaryDirectory() as logs:
+        top, failed = _attempt(
+            f"three-step sagas on the PostgreSQL broker: {args.sagas} per setting",
+            lambda: three_step_saga.sagas_per_s(args.sagas, Path(logs), broker="postgres"),
+        )
+    if top is None:
+        return [*rows, (name, "not measured", failed)]
+    rate, processes, sweep = top
+    figures |= {"pg_broker_three_step_sagas_per_s": round(rate, 1)}
+    notes = [f"sagas/s by orchestrator processes: {_sweep(sweep)}"]
+    rabbitmq = figures.get("three_step_sagas_per_s")
+    if rabbitmq:
+        figures["pg_broker_vs_rabbitmq"] = round(rate / rabbitmq, 3)
+        notes.insert(0, f"{rate / rabbitmq:.2f}x the same saga on RabbitMQ (target: 1.0x)")
+    return [
+        *rows,
+        (f"{name}, {processes} orchestrator process(es)", f"{rate:,.0f} sagas/s", "; ".join(notes)),
+    ]
+
+
 def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
     """The framework itself: the example order saga, every service a process."""
     with tempfile.TemporaryDirectory() as logs:
@@ -296,7 +321,17 @@ def main() -> None:
         action="store_true",
         help="measure the pgbench replay of one saga's SQL alone (bench.saga_sql_ceiling)",
     )
+    parser.add_argument(
+        "--only-pg-broker",
+        action="store_true",
+        help="measure the three-step saga on PostgreSQL as the broker and on RabbitMQ alone",
+    )
     args = parser.parse_args()
+    if args.only_pg_broker:
+        figures_pg: Figures = {}
+        path = report.write(figures_pg, _pg_broker(args, figures_pg), machine(), name="pg-broker")
+        console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
+        return
     if args.only_saga_sql:
         figures_sql: Figures = {}
         path = report.write(figures_sql, _saga_sql(args, figures_sql), machine(), name="saga-sql")
@@ -346,6 +381,7 @@ def main() -> None:
     ]
     rows += [_ceiling(args, figures), _celery(args, figures), _dbos(args, figures)]
     rows.append(_three_steps(args, figures))
+    rows += _pg_broker(args, figures)
     rows += _sagas(args, figures)
     rows += _saga_sql(args, figures)
     _ratios(figures)

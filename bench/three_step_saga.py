@@ -7,6 +7,10 @@ two orchestrator processes (one thread each: threads only add GIL contention). A
 warm-up, ``count`` sagas are started from this process, 50 per transaction, as fast as it
 can; the figure is sagas per second from the first start until no saga is unfinished.
 Every saga's third step must be in ``step_log``.
+
+``broker="postgres"`` runs the same processes on the framework's PostgreSQL transport
+instead, its messages in a scratch database of their own on the same server (the
+``pg_broker_vs_rabbitmq`` figure of ``make bench``).
 """
 
 from __future__ import annotations
@@ -41,18 +45,26 @@ class ThreeStepBench:
         orchestrators: int = 1,
         *,
         log_statements: bool = False,
+        broker: str = "rabbitmq",
     ) -> None:
         run_id = uuid.uuid4().hex[:6]
         self.prefix = f"bench{run_id}."
         self.home = ScratchDatabase.create(f"bench_{run_id}_runs", log_statements=log_statements)
         self.steps = ScratchDatabase.create(f"bench_{run_id}_steps", log_statements=log_statements)
+        #: The PostgreSQL broker's own database (None on RabbitMQ).
+        self.broker_db = (
+            ScratchDatabase.create(f"bench_{run_id}_broker", framework=False)
+            if broker == "postgres"
+            else None
+        )
+        broker_url = self.broker_db.url if self.broker_db is not None else AMQP_URL
         create_tables(self.steps.url)
         commands = []
         for name, database, target, processes in (
             ("runs", self.home, "registry", orchestrators),
             ("steps", self.steps, "service", 1),
         ):
-            env = saga_env(database.url, AMQP_URL, self.prefix)
+            env = saga_env(database.url, broker_url, self.prefix)
             commands.append((f"{name}-relay", ["relay"], env))
             consume = ["consume", f"{APP}:{target}", "--concurrency", str(concurrency)]
             commands += [(f"{name}-{i + 1}", consume, env) for i in range(processes)]
@@ -82,17 +94,26 @@ class ThreeStepBench:
         self.supervisor.stop()
         self.home.drop()
         self.steps.drop()
-        delete_queues(AMQP_URL, self.prefix, ("runs", "steps"))
+        if self.broker_db is not None:
+            self.broker_db.drop()
+        else:
+            delete_queues(AMQP_URL, self.prefix, ("runs", "steps"))
 
 
 def sagas_per_s(
-    count: int, work_dir: Path, orchestrators: tuple[int, ...] = (1, 2)
+    count: int,
+    work_dir: Path,
+    orchestrators: tuple[int, ...] = (1, 2),
+    broker: str = "rabbitmq",
 ) -> tuple[float, int, dict[int, float]]:
     """Best sagas per second at full load, the orchestrator process count that gave it,
-    and every count's figure (like the peers, the framework gets its best setting)."""
+    and every count's figure (like the peers, the framework gets its best setting), on
+    ``broker``: ``rabbitmq`` or ``postgres``."""
     sweep = {}
     for processes in orchestrators:
-        bench = ThreeStepBench(work_dir / str(processes), orchestrators=processes)
+        bench = ThreeStepBench(
+            work_dir / f"{broker}-{processes}", orchestrators=processes, broker=broker
+        )
         try:
             bench.measure(WARM_UP)
             sweep[processes] = bench.measure(count)

@@ -22,6 +22,13 @@ no saga has moved for :data:`STUCK_AFTER_S` seconds after the faults, ONE bulk
 effect applied once. The shared PostgreSQL and RabbitMQ are never restarted in
 these modes.
 
+``--broker postgres`` runs on the framework's PostgreSQL transport, its messages in a
+database of their own (``chaos_<run>_broker``) on the local PostgreSQL. The shared server
+is not restarted (other runs use it): the deck kills and pauses processes (a consumer
+killed holding a batch: its messages come back when the lease of
+:data:`POSTGRES_LEASE_S` seconds ends), leaves transactions idle and takes the gateway
+down. Nothing may be lost or handled twice, with no operator action but the replay.
+
 The last line is machine-readable::
 
     chaos: sagas=N faults=N lost=N duplicated=N unconverged=N converge_s=X
@@ -72,7 +79,11 @@ KINDS = (
 )
 #: The faults of a Redis run: the private Redis restarts, the shared servers never do.
 REDIS_KINDS = ("kill", "pause", "restart_redis", "idle_transaction", "gateway_outage")
-BROKERS = ("rabbitmq", "redis", "redis-volatile")
+#: The faults of a PostgreSQL-broker run: none restarts a server (the shared one stays up).
+POSTGRES_KINDS = ("kill", "pause", "idle_transaction", "gateway_outage")
+BROKERS = ("rabbitmq", "redis", "redis-volatile", "postgres")
+#: PostgreSQL-broker runs: a message taken by a killed consumer comes back this soon (seconds).
+POSTGRES_LEASE_S = 10
 #: Redis runs: a message taken by a killed consumer comes back this soon (seconds).
 REDIS_VISIBILITY_TIMEOUT_S = 10
 #: A volatile Redis run resumes the sagas that made no progress for this long.
@@ -215,7 +226,9 @@ class FaultInjector:
 
 def kinds_of(broker: str) -> tuple[str, ...]:
     """The kinds of fault a run on ``broker`` injects."""
-    return KINDS if broker == "rabbitmq" else REDIS_KINDS
+    if broker == "rabbitmq":
+        return KINDS
+    return POSTGRES_KINDS if broker == "postgres" else REDIS_KINDS
 
 
 def _deck(rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
@@ -225,15 +238,17 @@ def _deck(rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
 
 
 def _start_redis(broker: str) -> RedisServer | None:
-    """The run's private Redis, or None on RabbitMQ."""
-    if broker == "rabbitmq":
+    """The run's private Redis, or None on RabbitMQ and PostgreSQL."""
+    if not broker.startswith("redis"):
         return None
     server = RedisServer(persistent=broker == "redis")
     server.start()
     return server
 
 
-def _redis_env(redis: RedisServer | None) -> dict[str, str]:
+def _broker_env(broker: str, redis: RedisServer | None) -> dict[str, str]:
+    if broker == "postgres":
+        return {"SAGA_BROKER_LEASE": str(POSTGRES_LEASE_S)}
     if redis is None:
         return {}
     env = {"SAGA_REDIS_VISIBILITY_TIMEOUT": str(REDIS_VISIBILITY_TIMEOUT_S)}
@@ -252,22 +267,33 @@ def refused_without_consent(system: Cluster) -> bool:
     return done.returncode == 2 and "--accept-redis-message-loss" in done.stderr
 
 
+def _broker_database(broker: str, run_id: str) -> str | None:
+    """The database of a PostgreSQL-broker run's messages (None on the other brokers)."""
+    return f"chaos_{run_id}_broker" if broker == "postgres" else None
+
+
 def _cluster(
-    names: dict[str, str], run_id: str, heartbeat: int, redis: RedisServer | None
+    names: dict[str, str], run_id: str, heartbeat: int, broker: str, redis: RedisServer | None
 ) -> Cluster:
     """The run's databases (created and migrated) and the services' settings."""
-    for name in names.values():
+    broker_db = _broker_database(broker, run_id)
+    for name in [*names.values(), *([broker_db] if broker_db else [])]:
         _admin("CREATE DATABASE {}", name)
+    broker_url = BROKER_URL
+    if redis is not None:
+        broker_url = redis.url
+    elif broker_db is not None:
+        broker_url = _url(broker_db)
     system = Cluster(
         {s: _url(n) for s, n in names.items()},
-        redis.url if redis is not None else BROKER_URL,
+        broker_url,
         queue_prefix=f"chaos{run_id}.",
         extra_env={
             "SAGA_BROKER_HEARTBEAT": str(heartbeat),
             "ORDER_SAGA_FLAKINESS": "0.02",
             "SAGA_SIDE_EFFECT_LEASE": "2",
             "PAYMENTS_RETRY_DELAYS": PAYMENTS_RETRY_DELAYS,
-            **_redis_env(redis),
+            **_broker_env(broker, redis),
         },
     )
     system.prepare()
@@ -306,7 +332,7 @@ def _run(
     seed: int,
 ) -> dict[str, Any]:
     names = {s: f"chaos_{run_id}_{s}" for s in SERVICES}
-    system = _cluster(names, run_id, heartbeat, redis)
+    system = _cluster(names, run_id, heartbeat, broker, redis)
     refused = refused_without_consent(system) if redis and not redis.persistent else None
     logs = RESULTS.parent / "chaos-logs" / run_id
     commands = [*system.commands(), ("orders-relay-2", ["relay"], system.env("orders"))]
@@ -342,7 +368,7 @@ def _run(
             print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
         injector.settle()
         _wait_port(POSTGRES_PORT, 60)
-        if redis is None:
+        if broker == "rabbitmq":
             _wait_port(RABBITMQ_PORT, 60)
         faults_end = time.monotonic()
         expected = sagas + len(injector.late_orders)
@@ -374,10 +400,11 @@ def _run(
     }
     result.update(_redis_figures(refused, resumer))
     if not keep:
-        for name in names.values():
-            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
         shutil.rmtree(logs, ignore_errors=True)
         system.delete_queues()
+        broker_db = _broker_database(broker, run_id)
+        for name in [*names.values(), *([broker_db] if broker_db else [])]:
+            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
     return result
 
 
@@ -480,11 +507,14 @@ def main(argv: list[str] | None = None) -> int:
         "--broker",
         choices=BROKERS,
         default="rabbitmq",
-        help="rabbitmq (restarts the local RabbitMQ and PostgreSQL), or a private redis-server "
-        "with persistence (redis) or without (redis-volatile), restarted by the run",
+        help="rabbitmq (restarts the local RabbitMQ and PostgreSQL), a private redis-server "
+        "with persistence (redis) or without (redis-volatile), restarted by the run, or "
+        "postgres (the PostgreSQL transport, a database of its own; no server restarted)",
     )
     args = parser.parse_args(argv)
-    tools = ("rabbitmqctl", "pg_ctlcluster") if args.broker == "rabbitmq" else ("redis-server",)
+    tools = {"rabbitmq": ("rabbitmqctl", "pg_ctlcluster"), "postgres": ()}.get(
+        args.broker, ("redis-server",)
+    )
     for tool in tools:
         if shutil.which(tool) is None:
             print(f"chaos needs {tool} (a server it may restart)")

@@ -11,6 +11,7 @@ import psycopg
 import typer
 from rich.console import Console
 
+from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.transport import DEFAULT_HEARTBEAT, BrokerConfig
 from saga.cli.durations import parse_duration
 from saga.errors import DatabaseUnavailable
@@ -47,7 +48,7 @@ BrokerUrlOption = Annotated[
     str | None,
     typer.Option(
         "--broker-url",
-        help=f"Broker URL: amqp://, redis:// or memory://. Env: {ENV_BROKER_URL}.",
+        help=f"Broker URL: amqp://, redis://, postgresql:// or memory://. Env: {ENV_BROKER_URL}.",
         show_default=False,
     ),
 ]
@@ -163,6 +164,8 @@ def serve_metrics(port: int | None, settings: Settings) -> Metrics | None:
         return None
     metrics = Metrics()
     metrics.watch_database(settings.require_database_url(), settings.db_schema)
+    if settings.broker_url and BrokerConfig(settings.broker_url).is_postgres:
+        metrics.watch_broker(settings.broker_url, BROKER_SCHEMA)
     metrics.serve(port)
     return metrics
 

@@ -1,15 +1,21 @@
-"""``saga stats``: counts, durations, oldest running and stuck sagas."""
+"""``saga stats``: counts, durations, oldest running and stuck sagas; with a PostgreSQL
+broker, the depth of its queues and the age of their oldest message."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+import psycopg
 import typer
 from rich.table import Table
 
+from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.transport import BrokerConfig
 from saga.cli.common import (
+    BrokerUrlOption,
     DatabaseUrlOption,
     JsonOption,
     SchemaOption,
@@ -20,7 +26,24 @@ from saga.cli.common import (
 )
 from saga.cli.durations import parse_duration
 from saga.engine.state import SagaStatus
-from saga.operations.stats import collect
+from saga.errors import DatabaseUnavailable
+from saga.observability.redaction import password_of, redact_text
+from saga.operations.stats import BrokerQueue, broker_queues, collect
+from saga.settings import Settings
+
+
+def _broker_queues(settings: Settings) -> dict[str, BrokerQueue] | None:
+    """The PostgreSQL broker's queues; None when the broker is not PostgreSQL (or not set)."""
+    url = settings.broker_url
+    if not url or not BrokerConfig(url).is_postgres:
+        return None
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            return broker_queues(conn, BROKER_SCHEMA)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to the broker's PostgreSQL: {redact_text(str(exc), password_of(url))}"
+        ) from None
 
 
 def stats(
@@ -28,14 +51,17 @@ def stats(
     stuck_after: StuckAfterOption = "15m",
     as_json: JsonOption = False,
     database_url: DatabaseUrlOption = None,
+    broker_url: BrokerUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
-    """Counts by name and status, p50/p95 durations, oldest running, stuck sagas."""
-    settings = settings_from(database_url=database_url, schema=schema)
+    """Counts by name and status, p50/p95 durations, oldest running, stuck sagas; queue
+    depth and oldest message's age when the broker is PostgreSQL."""
+    settings = settings_from(database_url=database_url, broker_url=broker_url, schema=schema)
     window_td, stuck_td = parse_duration(window), parse_duration(stuck_after)
     assert window_td is not None and stuck_td is not None
     with connect(settings) as conn:
         figures = collect(conn, settings.db_schema, window=window_td, stuck_after=stuck_td)
+    queues = _broker_queues(settings)
     if as_json:
         document: dict[str, Any] = {
             "counts": figures.counts,
@@ -47,6 +73,8 @@ def stats(
                 for s in figures.stuck
             ],
         }
+        if queues is not None:
+            document["broker_queues"] = {name: asdict(q) for name, q in queues.items()}
         print(json.dumps(document, indent=2))
         return
     now = datetime.now(UTC)
@@ -71,3 +99,17 @@ def stats(
     console.print(f"[{style}]{figures.stuck_count} stuck (no progress for {stuck_after})")
     for s in figures.stuck:
         console.print(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}")
+    if queues is not None:
+        _print_queues(queues)
+
+
+def _print_queues(queues: dict[str, BrokerQueue]) -> None:
+    table = Table(title="broker queues (PostgreSQL)")
+    for column in ("queue", "depth", "ready", "in flight", "delayed", "oldest"):
+        table.add_column(column, justify="left" if column == "queue" else "right")
+    for name, q in queues.items():
+        table.add_row(
+            name, f"{q.depth:,}", f"{q.ready:,}", f"{q.in_flight:,}", f"{q.delayed:,}",
+            f"{q.oldest_age_s:.1f}s",
+        )  # fmt: skip
+    console.print(table)

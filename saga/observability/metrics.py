@@ -1,8 +1,9 @@
 """Prometheus metrics for relays and consumers (``--metrics-port``).
 
 Counters and histograms are updated as work happens; the table-derived
-gauges (outbox depth and age, pending dead letters, unfinished sagas) are read
-from the database at each scrape, so they always match it.
+gauges (outbox depth and age, pending dead letters, unfinished sagas; with a
+PostgreSQL broker, its queues' depth and oldest message's age) are read from the
+database at each scrape, so they always match it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from saga.db.sql import render
+from saga.observability.broker_queues import broker_queues
 
 logger = logging.getLogger(__name__)
 
@@ -96,28 +98,33 @@ class Metrics:
         """Also report outbox, dead-letter and saga gauges read from this database."""
         self.registry.register(DatabaseCollector(database_url, schema))
 
+    def watch_broker(self, broker_url: str, schema: str) -> None:
+        """Also report the queues of the PostgreSQL broker at ``broker_url`` (its tables in
+        ``schema``): messages by state, and the oldest message's age."""
+        self.registry.register(BrokerCollector(broker_url, schema))
+
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         start_http_server(port, addr=address, registry=self.registry)
         logger.info("metrics on http://%s:%d/metrics", address, port)
 
 
-class DatabaseCollector(Collector):
-    """Gauges computed from the service database at scrape time."""
+class _ScrapedCollector(Collector):
+    """Gauges read from a PostgreSQL database at scrape time, with an ``up`` gauge."""
 
-    def __init__(self, database_url: str, schema: str) -> None:
+    up_name = ""
+    what = ""
+
+    def __init__(self, database_url: str) -> None:
         self.database_url = database_url
-        self.outbox_query = render(_OUTBOX, schema)
-        self.dead_letters_query = render(_DEAD_LETTERS, schema)
-        self.unfinished_query = render(_UNFINISHED, schema)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        up = GaugeMetricFamily(
-            "saga_metrics_database_up", "1 if the last scrape read the database."
-        )
+        up = GaugeMetricFamily(self.up_name, f"1 if the last scrape read the {self.what}.")
         try:
-            families = self._read()
+            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=5) as conn:
+                conn.execute("SET statement_timeout = '5s'")
+                families = self._read(conn)
         except psycopg.Error as exc:
-            logger.warning("metrics could not read the database: %s", type(exc).__name__)
+            logger.warning("metrics could not read the %s: %s", self.what, type(exc).__name__)
             up.add_metric([], 0)
             yield up
             return
@@ -125,12 +132,26 @@ class DatabaseCollector(Collector):
         yield up
         yield from families
 
-    def _read(self) -> list[GaugeMetricFamily]:
-        with psycopg.connect(self.database_url, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SET statement_timeout = '5s'")
-            ready, scheduled, oldest = _one(conn, self.outbox_query)
-            letters = conn.execute(self.dead_letters_query).fetchall()
-            unfinished = conn.execute(self.unfinished_query).fetchall()
+    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
+        raise NotImplementedError
+
+
+class DatabaseCollector(_ScrapedCollector):
+    """Gauges computed from the service database at scrape time."""
+
+    up_name = "saga_metrics_database_up"
+    what = "database"
+
+    def __init__(self, database_url: str, schema: str) -> None:
+        super().__init__(database_url)
+        self.outbox_query = render(_OUTBOX, schema)
+        self.dead_letters_query = render(_DEAD_LETTERS, schema)
+        self.unfinished_query = render(_UNFINISHED, schema)
+
+    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
+        ready, scheduled, oldest = _one(conn, self.outbox_query)
+        letters = conn.execute(self.dead_letters_query).fetchall()
+        unfinished = conn.execute(self.unfinished_query).fetchall()
         depth = GaugeMetricFamily("saga_outbox_depth", "Outbox rows ready to publish.")
         depth.add_metric([], ready)
         held = GaugeMetricFamily("saga_outbox_scheduled", "Outbox rows waiting for their time.")
@@ -152,6 +173,35 @@ class DatabaseCollector(Collector):
         for name, status, count in unfinished:
             running.add_metric([name, status], count)
         return [depth, held, age, pending, running]
+
+
+class BrokerCollector(_ScrapedCollector):
+    """Gauges of a PostgreSQL broker's queues, computed from its table at scrape time."""
+
+    up_name = "saga_metrics_broker_up"
+    what = "broker"
+
+    def __init__(self, broker_url: str, schema: str) -> None:
+        super().__init__(broker_url)
+        self.schema = schema
+
+    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
+        queues = broker_queues(conn, self.schema)
+        messages = GaugeMetricFamily(
+            "saga_broker_queue_messages",
+            "Messages in a PostgreSQL broker queue: ready, in_flight (leased) or delayed.",
+            labels=["queue", "state"],
+        )
+        age = GaugeMetricFamily(
+            "saga_broker_queue_oldest_age_seconds",
+            "Age of the oldest message in a PostgreSQL broker queue.",
+            labels=["queue"],
+        )
+        for name, queue in queues.items():
+            for state in ("ready", "in_flight", "delayed"):
+                messages.add_metric([name, state], getattr(queue, state))
+            age.add_metric([name], queue.oldest_age_s)
+        return [messages, age]
 
 
 def _one(conn: psycopg.Connection[Any], query: str) -> tuple[Any, ...]:

@@ -1,4 +1,5 @@
-"""Figures about sagas for ``saga stats`` (counts, durations, oldest, stuck)."""
+"""Figures about sagas for ``saga stats`` (counts, durations, oldest, stuck), and the
+queues of a PostgreSQL broker (depth, oldest message's age)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from typing import Any
 import psycopg
 
 from saga.db.sql import render
+from saga.observability.broker_queues import BrokerQueue, broker_queues
+
+__all__ = ["BrokerQueue", "SagaStats", "broker_queues", "collect"]
 
 _COUNTS = "SELECT name, status, count(*) FROM {schema}.saga_instances GROUP BY 1, 2 ORDER BY 1, 2"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,10 +18,13 @@ from typing import Any
 import psycopg
 import pytest
 from kombu import Consumer, Message
+from prometheus_client import CollectorRegistry
 
 from examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
+from saga.observability.metrics import Metrics
 from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.services import EFFECTS_DDL, Ping, service
 from tests.support.wait import wait_until
@@ -181,3 +185,53 @@ def _visible_at(broker: TestBroker) -> Any:
         ).fetchone()
         assert row is not None
         return row[0]
+
+
+def _three_states(broker: TestBroker) -> str:
+    """Three messages on the queue of ``svc``, enqueued 90 s ago: one ready, one taken
+    (under a lease), one delayed. The queue's name."""
+    bodies = [Envelope.wrap(Ping(key=f"s{i}")).to_bytes() for i in range(3)]
+    broker.publish_many("svc", bodies, JSON)
+    queue = broker.topology.queue_name("svc")
+    ids = [row[0] for row in _rows(broker, "svc")]
+    with psycopg.connect(broker.url, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE saga_broker.messages SET enqueued_at = now() - interval '90 seconds' "
+            "WHERE id = ANY(%s)",
+            (ids,),
+        )
+        conn.execute(
+            "UPDATE saga_broker.messages SET visible_at = now() + interval '1 hour', "
+            "lock_token = CASE WHEN id = %s THEN gen_random_uuid() END WHERE id = ANY(%s)",
+            (ids[1], ids[1:]),
+        )
+    return queue
+
+
+def test_saga_stats_shows_the_depth_and_oldest_age_of_each_postgresql_broker_queue(
+    db: TestDatabase, pg_broker: TestBroker
+) -> None:
+    queue = _three_states(pg_broker)
+    result = saga_cli(db.url, "stats", "--json", SAGA_BROKER_URL=pg_broker.url)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)["broker_queues"][queue]
+    assert {k: figures[k] for k in ("depth", "ready", "in_flight", "delayed")} == {
+        "depth": 3, "ready": 1, "in_flight": 1, "delayed": 1,
+    }  # fmt: skip
+    assert 90 <= figures["oldest_age_s"] < 600
+    table = saga_cli(db.url, "stats", "--broker-url", pg_broker.url)
+    assert "broker queues" in table.stdout and queue in table.stdout, table.stdout
+    without = json.loads(saga_cli(db.url, "stats", "--json").stdout)
+    assert "broker_queues" not in without
+
+
+def test_metrics_report_the_postgresql_broker_queues(pg_broker: TestBroker) -> None:
+    queue = _three_states(pg_broker)
+    registry = CollectorRegistry()
+    Metrics(registry).watch_broker(pg_broker.url, "saga_broker")
+    value = registry.get_sample_value
+    assert value("saga_metrics_broker_up") == 1
+    for state in ("ready", "in_flight", "delayed"):
+        assert value("saga_broker_queue_messages", {"queue": queue, "state": state}) == 1
+    age = value("saga_broker_queue_oldest_age_seconds", {"queue": queue})
+    assert age is not None and 90 <= age < 600
