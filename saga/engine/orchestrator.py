@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from saga.engine.batch import SagaBatch
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.home import SagaHome
+from saga.engine.outcomes import LocalOutcome
 from saga.engine.routing import (
     awaits,
     awaits_reply,
@@ -31,7 +32,7 @@ from saga.engine.routing import (
 )
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.engine.store import AsyncSagaStore, SagaStore
-from saga.engine.transitions import LocalOutcome, Transition
+from saga.engine.transitions import Transition
 from saga.errors import (
     ConfigurationError,
     IdempotencyKeyTaken,

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -25,13 +24,13 @@ from saga.engine.definition import (
     COMPENSATE,
     HOLD,
     RETRY,
-    LocalAction,
     LocalStep,
     RemoteStep,
     Saga,
     Step,
     WaitStep,
 )
+from saga.engine.outcomes import LocalSteps, TransitionResult, stopped_saga_letter
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.errors import (
     ConfigurationError,
@@ -43,7 +42,6 @@ from saga.messaging.control import (
     DEAD_LETTERED,
     PURGED,
     FailureReply,
-    ResumeSaga,
     Signal,
     StepDeadline,
     StepTimer,
@@ -60,37 +58,6 @@ from saga.messaging.ids import uuid7
 from saga.messaging.outbox import OutgoingMessage
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class LocalOutcome:
-    """How a local step (or local compensation) went: a result, or the error it raised."""
-
-    result: BaseModel | None
-    error: Exception | None
-    started: datetime
-    finished: datetime
-
-
-class LocalSteps(Protocol):
-    """Runs a saga's local step for a transition (in the caller's transaction)."""
-
-    def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
-        """Run ``action``; a forward step reports only :class:`StepFailed` as its
-        error (anything else propagates), a compensation reports any exception."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionResult:
-    """What a transition decided: everything the caller writes in its transaction."""
-
-    record: SagaRecord
-    log: list[StepLogEntry]
-    outgoing: list[OutgoingMessage]
-    dead_letters: list[DeadLetter]
-    #: The status the saga reached when it finished or stopped for an operator here.
-    ended: SagaStatus | None
 
 
 @cache
@@ -527,26 +494,7 @@ class Transition:
         record.pending_message_id = None
         record.step = step.name
         error_type = "CompensationFailed" if phase is Phase.COMPENSATION else "ForwardStepFailed"
-        # Replaying this dead letter resumes the saga (the same as `saga resume`).
-        body = Envelope.wrap(
-            ResumeSaga(saga_id=record.id, reason="dead letter replayed"), saga_id=record.id
-        )
-        self.dead_letters.append(
-            DeadLetter(
-                consumer=self.home_service,
-                reason="failed",
-                body=body.to_bytes(),
-                content_type="application/json",
-                message_id=body.message_id,
-                message_type=body.type,
-                saga_id=record.id,
-                destination=self.home_service,
-                error_type=error_type,
-                error_message=f"saga {record.name} {record.id}: {reason} "
-                f"(after {record.step_attempt} attempts; `saga resume {record.id}` once fixed)",
-                attempts=record.step_attempt,
-            )
-        )
+        self.dead_letters.append(stopped_saga_letter(record, self.home_service, error_type, reason))
         logger.error(
             "saga %s is %s at step %s: %s",
             record.id,

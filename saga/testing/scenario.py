@@ -19,9 +19,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from saga.engine.definition import LocalAction, Saga
+from saga.engine.outcomes import LocalOutcome
 from saga.engine.routing import awaits_reply, deadline_applies, may_undo, wait_timeout_applies
 from saga.engine.state import SagaRecord, SagaStatus, StepLogEntry
-from saga.engine.transitions import LocalOutcome, Transition
+from saga.engine.transitions import Transition
 from saga.errors import StepFailed
 from saga.handlers.context import HandlerContext
 from saga.messaging.control import FailureReply, Signal, StepDeadline, StepTimer, WaitTimeout

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, HOLD, RETRY, LocalAction
+from saga.engine.outcomes import LocalOutcome, TransitionResult
 from saga.engine.routing import (
     awaits,
     awaits_reply,
@@ -46,7 +47,7 @@ from saga.engine.routing import (
     wait_timeout_applies,
 )
 from saga.engine.state import Phase, SagaRecord, SagaStatus
-from saga.engine.transitions import LocalOutcome, Transition, TransitionResult
+from saga.engine.transitions import Transition
 from saga.errors import StepFailed
 from saga.messaging.control import (
     DEAD_LETTERED,
