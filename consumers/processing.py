@@ -241,12 +241,14 @@ class BatchProcessor:
     ) -> BatchScope | None:
         """The service's batch scope, for a batch of several new deliveries (else None)."""
         writing = self.service.batch_writing
+        if writing is None:
+            return None
         envelopes = [
             item.envelope
             for item in checked
             if isinstance(item, Decoded) and item.envelope.message_id in fresh
         ]
-        if writing is None or len(envelopes) < 2:
+        if len(envelopes) < 2:
             return None
         return writing.open(conn, envelopes)
 

@@ -291,22 +291,14 @@ class Orchestrator:
                 f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
             )
         saga.check_data_size(data)
-        return SagaRecord(
-            id=saga_id or uuid7(),
-            name=saga.name,
-            saga_version=saga.version,
-            service=self.home.service_name,
-            status=SagaStatus.RUNNING,
-            step=None,
-            data=data.model_dump(mode="json"),
-            completed_steps=[],
-            pending_message_id=pending,
-            step_attempt=1,
-            cancel_requested=False,
-            pivot_reached=False,
-            last_error=None,
+        return SagaRecord.new(
+            saga_id or uuid7(),
+            saga.name,
+            saga.version,
+            self.home.service_name,
+            data.model_dump(mode="json"),
             idempotency_key=idempotency_key,
-            version=0,
+            pending_message_id=pending,
         )
 
     def _read(

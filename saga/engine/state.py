@@ -73,6 +73,37 @@ class SagaRecord:
     wait_schema: dict[str, Any] | None = None
     wait_deadline: datetime | None = None
 
+    @classmethod
+    def new(
+        cls,
+        saga_id: UUID,
+        name: str,
+        saga_version: int,
+        service: str,
+        data: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        pending_message_id: UUID | None = None,
+    ) -> SagaRecord:
+        """A saga about to start: running, nothing done yet, never written."""
+        return cls(
+            id=saga_id,
+            name=name,
+            saga_version=saga_version,
+            service=service,
+            status=SagaStatus.RUNNING,
+            step=None,
+            data=data,
+            completed_steps=[],
+            pending_message_id=pending_message_id,
+            step_attempt=1,
+            cancel_requested=False,
+            pivot_reached=False,
+            last_error=None,
+            idempotency_key=idempotency_key,
+            version=0,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class StepLogEntry:

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.outcomes import LocalOutcome
 from saga.engine.routing import awaits_reply, deadline_applies, may_undo, wait_timeout_applies
-from saga.engine.state import SagaRecord, SagaStatus, StepLogEntry
+from saga.engine.state import SagaRecord, StepLogEntry
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed
 from saga.handlers.context import HandlerContext
@@ -91,12 +91,9 @@ class SagaScenario:
         self._inbox: list[tuple[Envelope, BaseModel]] = []
         self._timers: list[tuple[datetime, int, Envelope, BaseModel]] = []
         self._seq = itertools.count()
-        self.record = SagaRecord(
-            id=uuid7(), name=saga.name, saga_version=saga.version, service=home_service,
-            status=SagaStatus.RUNNING, step=None, data=data.model_dump(mode="json"),
-            completed_steps=[], pending_message_id=None, step_attempt=1, cancel_requested=False,
-            pivot_reached=False, last_error=None, idempotency_key=None, version=0,
-        )  # fmt: skip
+        self.record = SagaRecord.new(
+            uuid7(), saga.name, saga.version, home_service, data.model_dump(mode="json")
+        )
         self._transition(None, lambda run: run.advance(0))
 
     # -- the test's answers ---------------------------------------------------------

@@ -455,23 +455,7 @@ class SagaMachine(RuleBasedStateMachine):
         self.saga = build(shapes, self.faults, self.ran)
         pivot = next((s.name for s in shapes if s.pivot), None)
         self.reference = Reference({s.name for s in shapes if s.compensated}, pivot)
-        self.record = SagaRecord(
-            id=SAGA_ID,
-            name="model",
-            saga_version=1,
-            service=HOME,
-            status=SagaStatus.RUNNING,
-            step=None,
-            data=Data().model_dump(),
-            completed_steps=[],
-            pending_message_id=None,
-            step_attempt=1,
-            cancel_requested=False,
-            pivot_reached=False,
-            last_error=None,
-            idempotency_key=None,
-            version=1,
-        )
+        self.record = SagaRecord.new(SAGA_ID, "model", 1, HOME, Data().model_dump())
         run = self.transition(None, faults)
         run.advance(0)
         self.commit(run)
