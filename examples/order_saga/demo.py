@@ -29,6 +29,9 @@ from saga.engine.store import SagaStore
 
 console = Console()
 WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))
+#: What a relay and a consumer write once connected: orders are submitted after that, so
+#: the timelines measure the framework, not how long eight processes take to start.
+READY_LINES = {"relay": "relay connected", "consume": "consuming"}
 
 
 def _fresh_database(server_url: str, name: str) -> str:
@@ -95,6 +98,10 @@ def run(orders: int = 200, timeout: float = 90.0, flakiness: float = 0.02) -> in
             system.prepare()
         processes = [SagaProcess(args, env, logs, name) for name, args, env in system.commands()]
         stack.callback(_stop, processes)
+        with console.status("waiting for the relays and consumers to connect"):
+            for process in processes:
+                if process.args[0] in READY_LINES:
+                    process.wait_for_output(READY_LINES[process.args[0]], timeout)
         console.print(
             f"started {len(processes)} processes (a relay and a consumer per service); "
             f"logs in {logs}/"
@@ -108,6 +115,7 @@ def run(orders: int = 200, timeout: float = 90.0, flakiness: float = 0.02) -> in
                 system, orders, timeout, on_progress=lambda n: progress.advance(settled, n)
             )
         _outcomes(system, counts)
+        _step_latency(system)
         _timelines(system)
         report = invariants.check(system)
         _invariants(report)
@@ -147,6 +155,27 @@ def _outcomes(system: Cluster, counts: dict[str, int]) -> None:
         for step, count in reasons:
             table.add_row(step, str(count))
         console.print(table)
+
+
+_STEP_LATENCY = """
+SELECT step, count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms),
+       max(duration_ms)
+FROM saga.saga_timeline WHERE phase = 'forward' AND outcome = 'succeeded'
+GROUP BY step ORDER BY min(seq)
+"""
+
+
+def _step_latency(system: Cluster) -> None:
+    """Each forward step's duration (sent to answered, or the local step's own time)."""
+    table = Table(title="step durations (ms)")
+    for column in ("step", "steps", "p50", "p99", "max"):
+        table.add_column(column, justify="left" if column == "step" else "right")
+    with system.connect("orders") as conn:
+        for step, count, p50, p99, longest in conn.execute(_STEP_LATENCY).fetchall():
+            table.add_row(step, str(count), f"{p50:.1f}", f"{p99:.1f}", f"{longest:.1f}")
+    console.print(table)
 
 
 def _timelines(system: Cluster) -> None:

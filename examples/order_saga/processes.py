@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +28,7 @@ class SagaProcess:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("ab")
+        self._log_start = self._log.tell()  # the log may hold earlier runs' output
         command = args if args and os.path.isabs(args[0]) else [SAGA, *args]
         self.proc = subprocess.Popen(
             command,
@@ -57,10 +59,22 @@ class SagaProcess:
     def returncode(self) -> int | None:
         return self.proc.poll()
 
-    def output(self) -> str:
+    def wait_for_output(self, text: str, timeout: float) -> None:
+        """Block until the process has written ``text``; raise if it exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output(since_start=True):
+            if self.returncode is not None:
+                raise RuntimeError(f"{self.name} exited ({self.returncode}) before saying {text!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not say {text!r} within {timeout:.0f}s")
+            time.sleep(0.05)
+
+    def output(self, since_start: bool = False) -> str:
+        """The log's text; with ``since_start``, only what this process wrote."""
         if not self._log.closed:
             self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        written = self.log_path.read_bytes()
+        return written[self._log_start if since_start else 0 :].decode(errors="replace")
 
 
 def saga_env(database_url: str, broker_url: str, queue_prefix: str, **extra: str) -> dict[str, str]:
