@@ -23,11 +23,14 @@ effect applied once. The shared PostgreSQL and RabbitMQ are never restarted in
 these modes.
 
 ``--broker postgres`` runs on the framework's PostgreSQL transport, its messages in a
-database of their own (``chaos_<run>_broker``) on the local PostgreSQL. The shared server
-is not restarted (other runs use it): the deck kills and pauses processes (a consumer
-killed holding a batch: its messages come back when the lease of
-:data:`POSTGRES_LEASE_S` seconds ends), leaves transactions idle and takes the gateway
-down. Nothing may be lost or handled twice, with no operator action but the replay.
+database of their own (``chaos_<run>_broker``). Every database of the run, the broker's
+and the services', lives on a private PostgreSQL (its own cluster and port, see
+:mod:`examples.order_saga.postgres_server`) that the deck crashes (immediate shutdown)
+and starts again (``restart_private_postgres``); the shared servers are never restarted.
+The deck also kills and pauses processes (a consumer killed holding a batch: its messages
+come back when the lease of :data:`POSTGRES_LEASE_S` seconds ends), leaves transactions
+idle and takes the gateway down. Nothing may be lost or handled twice, with no operator
+action but the replay.
 
 The last line is machine-readable::
 
@@ -40,7 +43,6 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import socket
 import subprocess
@@ -49,6 +51,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,12 +64,12 @@ from examples.order_saga import workload
 from examples.order_saga.checker import check
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayClient
+from examples.order_saga.operator import BulkResume, replay_held
 from examples.order_saga.orders import OrderData, create_order
+from examples.order_saga.postgres_server import PostgresServer
 from examples.order_saga.processes import SAGA
 from examples.order_saga.redis_server import RedisServer
 from examples.order_saga.supervisor import Supervisor
-from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterStore
-from saga.operations.replay import replay
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 KINDS = (
@@ -79,15 +82,13 @@ KINDS = (
 )
 #: The faults of a Redis run: the private Redis restarts, the shared servers never do.
 REDIS_KINDS = ("kill", "pause", "restart_redis", "idle_transaction", "gateway_outage")
-#: The faults of a PostgreSQL-broker run: none restarts a server (the shared one stays up).
-POSTGRES_KINDS = ("kill", "pause", "idle_transaction", "gateway_outage")
+#: The faults of a PostgreSQL-broker run: the private PostgreSQL restarts, the shared never.
+POSTGRES_KINDS = ("kill", "pause", "restart_private_postgres", "idle_transaction", "gateway_outage")
 BROKERS = ("rabbitmq", "redis", "redis-volatile", "postgres")
 #: PostgreSQL-broker runs: a message taken by a killed consumer comes back this soon (seconds).
 POSTGRES_LEASE_S = 10
 #: Redis runs: a message taken by a killed consumer comes back this soon (seconds).
 REDIS_VISIBILITY_TIMEOUT_S = 10
-#: A volatile Redis run resumes the sagas that made no progress for this long.
-STUCK_AFTER_S = 15
 #: The payments service's delayed retries during a run: an outage outlasts them all.
 PAYMENTS_RETRY_DELAYS = "0.5,1"
 GATEWAY_OUTAGE_S = 5.0
@@ -96,17 +97,50 @@ ADMIN_URL = os.environ.get(
 )
 BROKER_URL = os.environ.get("SAGA_CHAOS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 #: The local servers the run restarts, and waits for on these ports.
-POSTGRES_PORT = urlsplit(ADMIN_URL).port or 5432
 RABBITMQ_PORT = urlsplit(BROKER_URL).port or 5672
 
 
-def _url(name: str) -> str:
-    return ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+@dataclass
+class PrivateServers:
+    """The servers a run starts for itself (and may crash): none on RabbitMQ."""
 
+    redis: RedisServer | None = None
+    postgres: PostgresServer | None = None
 
-def _admin(statement: str, name: str) -> None:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL(statement).format(sql.Identifier(name)))  # type: ignore[arg-type]
+    @classmethod
+    def start(cls, broker: str) -> PrivateServers:
+        servers = cls()
+        try:
+            if broker.startswith("redis"):
+                servers.redis = RedisServer(persistent=broker == "redis")
+                servers.redis.start()
+            elif broker == "postgres":
+                servers.postgres = PostgresServer()
+                servers.postgres.start()
+        except BaseException:
+            servers.close()
+            raise
+        return servers
+
+    @property
+    def admin_url(self) -> str:
+        return self.postgres.url if self.postgres else ADMIN_URL
+
+    @property
+    def postgres_port(self) -> int:
+        return urlsplit(self.admin_url).port or 5432
+
+    def url(self, name: str) -> str:
+        return self.admin_url.rsplit("/", 1)[0] + "/" + name
+
+    def admin(self, statement: str, name: str) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        for server in (self.redis, self.postgres):
+            if server is not None:
+                server.close()
 
 
 def _port_open(port: int) -> bool:
@@ -134,9 +168,9 @@ class FaultInjector:
         system: Cluster,
         heartbeat: int,
         rng: random.Random,
-        redis: RedisServer | None = None,
+        servers: PrivateServers,
     ):
-        self.redis = redis
+        self.servers = servers
         self.supervisor = supervisor
         self.system = system
         self.heartbeat = heartbeat
@@ -165,8 +199,13 @@ class FaultInjector:
 
     def restart_redis(self) -> None:
         """Crash the run's private Redis (SIGKILL) and start it again."""
-        assert self.redis is not None, "restart_redis needs a Redis run"
-        self.redis.restart()
+        assert self.servers.redis is not None, "restart_redis needs a Redis run"
+        self.servers.redis.restart()
+
+    def restart_private_postgres(self) -> None:
+        """Crash the run's private PostgreSQL (immediate shutdown) and start it again."""
+        assert self.servers.postgres is not None, "needs a run on a private PostgreSQL"
+        self.servers.postgres.restart()
 
     def restart_postgres(self) -> None:
         version = sorted(os.listdir("/etc/postgresql"))[0]
@@ -184,7 +223,7 @@ class FaultInjector:
             capture_output=True,
             timeout=120,
         )
-        _wait_port(POSTGRES_PORT, 60)
+        _wait_port(self.servers.postgres_port, 60)
 
     def idle_transaction(self) -> None:
         """A transaction that starts a saga, sits idle, and commits late."""
@@ -237,15 +276,6 @@ def _deck(rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
     return deck
 
 
-def _start_redis(broker: str) -> RedisServer | None:
-    """The run's private Redis, or None on RabbitMQ and PostgreSQL."""
-    if not broker.startswith("redis"):
-        return None
-    server = RedisServer(persistent=broker == "redis")
-    server.start()
-    return server
-
-
 def _broker_env(broker: str, redis: RedisServer | None) -> dict[str, str]:
     if broker == "postgres":
         return {"SAGA_BROKER_LEASE": str(POSTGRES_LEASE_S)}
@@ -273,19 +303,19 @@ def _broker_database(broker: str, run_id: str) -> str | None:
 
 
 def _cluster(
-    names: dict[str, str], run_id: str, heartbeat: int, broker: str, redis: RedisServer | None
+    names: dict[str, str], run_id: str, heartbeat: int, broker: str, servers: PrivateServers
 ) -> Cluster:
     """The run's databases (created and migrated) and the services' settings."""
     broker_db = _broker_database(broker, run_id)
     for name in [*names.values(), *([broker_db] if broker_db else [])]:
-        _admin("CREATE DATABASE {}", name)
+        servers.admin("CREATE DATABASE {}", name)
     broker_url = BROKER_URL
-    if redis is not None:
-        broker_url = redis.url
+    if servers.redis is not None:
+        broker_url = servers.redis.url
     elif broker_db is not None:
-        broker_url = _url(broker_db)
+        broker_url = servers.url(broker_db)
     system = Cluster(
-        {s: _url(n) for s, n in names.items()},
+        {s: servers.url(n) for s, n in names.items()},
         broker_url,
         queue_prefix=f"chaos{run_id}.",
         extra_env={
@@ -293,7 +323,7 @@ def _cluster(
             "ORDER_SAGA_FLAKINESS": "0.02",
             "SAGA_SIDE_EFFECT_LEASE": "2",
             "PAYMENTS_RETRY_DELAYS": PAYMENTS_RETRY_DELAYS,
-            **_broker_env(broker, redis),
+            **_broker_env(broker, servers.redis),
         },
     )
     system.prepare()
@@ -311,12 +341,11 @@ def run(
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     run_id = uuid.uuid4().hex[:6]
-    redis = _start_redis(broker)
+    servers = PrivateServers.start(broker)
     try:
-        return _run(sagas, duration, interval, heartbeat, keep, rng, run_id, broker, redis, seed)
+        return _run(sagas, duration, interval, heartbeat, keep, rng, run_id, broker, servers, seed)
     finally:
-        if redis is not None:
-            redis.close()
+        servers.close()
 
 
 def _run(
@@ -328,11 +357,12 @@ def _run(
     rng: random.Random,
     run_id: str,
     broker: str,
-    redis: RedisServer | None,
+    servers: PrivateServers,
     seed: int,
 ) -> dict[str, Any]:
     names = {s: f"chaos_{run_id}_{s}" for s in SERVICES}
-    system = _cluster(names, run_id, heartbeat, broker, redis)
+    system = _cluster(names, run_id, heartbeat, broker, servers)
+    redis = servers.redis
     refused = refused_without_consent(system) if redis and not redis.persistent else None
     logs = RESULTS.parent / "chaos-logs" / run_id
     commands = [*system.commands(), ("orders-relay-2", ["relay"], system.env("orders"))]
@@ -346,7 +376,7 @@ def _run(
         )
     )  # fmt: skip
     supervisor = Supervisor(commands, logs)
-    injector = FaultInjector(supervisor, system, heartbeat, rng, redis)
+    injector = FaultInjector(supervisor, system, heartbeat, rng, servers)
     kinds = kinds_of(broker)
     print(
         f"chaos {run_id} on {broker}: {sagas} sagas over {duration:.0f}s, "
@@ -367,7 +397,7 @@ def _run(
                 raise
             print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
         injector.settle()
-        _wait_port(POSTGRES_PORT, 60)
+        _wait_port(servers.postgres_port, 60)
         if broker == "rabbitmq":
             _wait_port(RABBITMQ_PORT, 60)
         faults_end = time.monotonic()
@@ -404,7 +434,7 @@ def _run(
         system.delete_queues()
         broker_db = _broker_database(broker, run_id)
         for name in [*names.values(), *([broker_db] if broker_db else [])]:
-            _admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+            servers.admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
     return result
 
 
@@ -443,57 +473,6 @@ def _quiesce(
     return False
 
 
-_UNFINISHED = """
-SELECT count(*), count(*) FILTER (WHERE updated_at >= now() - %s * interval '1 second')
-FROM saga.saga_instances WHERE status IN ('running', 'compensating')
-"""
-
-
-class BulkResume:
-    """The operator's one ``saga resume --stuck-after`` after a volatile Redis lost messages:
-    run once every unfinished saga has made no progress for :data:`STUCK_AFTER_S`."""
-
-    def __init__(self, system: Cluster) -> None:
-        self.system = system
-        self.runs = 0
-        self.resumed = 0
-
-    def once_all_stuck(self) -> None:
-        if self.runs:
-            return
-        with psycopg.connect(self.system.database_urls["orders"]) as conn:
-            row = conn.execute(_UNFINISHED, (STUCK_AFTER_S,)).fetchone()
-        unfinished, moving = row if row else (0, 0)
-        if not unfinished or moving:
-            return
-        env = {**os.environ, "SAGA_DATABASE_URL": self.system.database_urls["orders"]}
-        done = subprocess.run(
-            [SAGA, "resume", "--stuck-after", f"{STUCK_AFTER_S}s", "--reason", "redis lost"],
-            env=env, capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        self.runs += 1
-        found = re.search(r"resumed (\d+) saga", done.stdout)
-        self.resumed = int(found.group(1)) if found else 0
-        print(f"  bulk resume: {done.stdout.strip().splitlines()[-1]}", flush=True)
-
-
-def replay_held(system: Cluster) -> int:
-    """Replay the payments dead letters of held sagas (the gateway is back); how many."""
-    orders = system.database_urls["orders"]
-    with psycopg.connect(orders) as conn:
-        held = conn.execute(
-            "SELECT count(*) FROM saga.saga_instances WHERE status = 'step_dead_lettered'"
-        ).fetchone()
-    if not held or not held[0]:
-        return 0
-    store = DeadLetterStore("saga")
-    with psycopg.connect(system.database_urls["payments"]) as conn:
-        letters = store.find(conn, DeadLetterFilter(consumer="payments"))
-        conn.rollback()
-        result = replay(conn, letters, {"command": "chaos operator"})
-    return len(result.replayed)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sagas", type=int, default=600)
@@ -509,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         default="rabbitmq",
         help="rabbitmq (restarts the local RabbitMQ and PostgreSQL), a private redis-server "
         "with persistence (redis) or without (redis-volatile), restarted by the run, or "
-        "postgres (the PostgreSQL transport, a database of its own; no server restarted)",
+        "postgres (the PostgreSQL transport on a private PostgreSQL, restarted by the run)",
     )
     args = parser.parse_args(argv)
     tools = {"rabbitmq": ("rabbitmqctl", "pg_ctlcluster"), "postgres": ()}.get(
