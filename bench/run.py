@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import tempfile
+import uuid
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -23,13 +24,14 @@ from bench import (
     ceiling,
     peer_celery,
     peer_dbos,
+    pg_broker,
     relay_throughput,
     report,
     saga_e2e,
     saga_sql_ceiling,
     three_step_saga,
 )
-from bench.environment import machine
+from bench.environment import ScratchDatabase, machine
 
 console = Console()
 
@@ -159,7 +161,40 @@ def _pg_broker(args: argparse.Namespace, figures: Figures) -> list[Row]:
     return [
         *rows,
         (f"{name}, {processes} orchestrator process(es)", f"{rate:,.0f} sagas/s", "; ".join(notes)),
+        *_pg_broker_alone(args, figures),
     ]
+
+
+def _pg_broker_alone(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """The PostgreSQL transport with no saga: raw throughput, idle commit-to-consume latency."""
+    database = ScratchDatabase.create(f"bench_{uuid.uuid4().hex[:6]}_rawbroker", framework=False)
+    try:
+        raw, failed = _attempt(
+            f"PostgreSQL broker, raw: {args.messages} messages",
+            lambda: pg_broker.measure(database.url, args.messages, 100),
+        )
+        idle, idle_failed = _attempt(
+            "PostgreSQL broker, idle latency", lambda: pg_broker.idle_latency(database.url)
+        )
+    finally:
+        database.drop()
+    rows = []
+    name = "PostgreSQL broker, publish + claim + nothing + ack, batches of 100"
+    if raw is None:
+        rows.append((name, "not measured", failed))
+    else:
+        figures["pg_broker_raw_msgs_per_s"] = raw["msg_per_s"]
+        rows.append((name, f"{raw['msg_per_s']:,} msg/s", "target: 5,000 msg/s"))
+    name = "PostgreSQL broker, idle commit-to-consume latency"
+    if idle is None:
+        rows.append((name, "not measured", idle_failed))
+    else:
+        figures["pg_broker_idle_p50_ms"] = idle["p50_ms"]
+        figures["pg_broker_idle_p99_ms"] = idle["p99_ms"]
+        rows.append(
+            (name, f"p50 {idle['p50_ms']} ms", f"p99 {idle['p99_ms']} ms; target: p50 10 ms")
+        )
+    return rows
 
 
 def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
