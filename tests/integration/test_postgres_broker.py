@@ -171,6 +171,37 @@ def test_a_consumer_that_holds_a_batch_past_its_lease_keeps_it_by_renewing(
     assert _rows(pg_broker, "svc") == []
 
 
+def test_a_consuming_channel_vacuums_the_messages_table(pg_broker: TestBroker) -> None:
+    """Every message leaves dead tuples behind (its claim, its delete): the consuming side
+    vacuums the table on its own, at a pace autovacuum's defaults never reach."""
+    pg_broker.publish_many("svc", [b'{"n": %d}' % i for i in range(50)])
+    queue = pg_broker.topology.queue("svc")
+    before = _vacuums(pg_broker)
+    taken: list[Message] = []
+
+    def take(message: Message) -> None:
+        taken.append(message)
+        message.ack()
+
+    with pg_broker.config.connect() as conn:
+        conn.transport_options["vacuum_interval"] = 0.2
+        Consumer(conn.channel(), queues=[queue], on_message=take, accept=[JSON]).consume()
+        wait_until(
+            lambda: _drain(conn) or (len(taken) == 50 and _vacuums(pg_broker) > before),
+            what="the messages taken and the table vacuumed",
+        )
+    assert _rows(pg_broker, "svc") == []
+
+
+def _vacuums(broker: TestBroker) -> int:
+    with psycopg.connect(broker.url) as conn:
+        row = conn.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables "
+            "WHERE schemaname = 'saga_broker' AND relname = 'messages'"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
 def _drain(conn: Any) -> bool:
     with contextlib.suppress(TimeoutError):
         conn.drain_events(timeout=0.05)
