@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import threading
 import time
 import uuid
@@ -117,6 +118,8 @@ def summary(series: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": seconds,
         "messages": series[-1]["consumed"],
         "msg_per_s": round(series[-1]["consumed"] / seconds),
+        "dead_median_first_third": statistics.median(s["dead"] for s in first),
+        "dead_median_last_third": statistics.median(s["dead"] for s in last),
         "dead_max_first_third": max(s["dead"] for s in first),
         "dead_max_last_third": max(s["dead"] for s in last),
         "bytes_max_first_third": max(s["bytes"] for s in first),
