@@ -26,7 +26,7 @@ import copy
 import itertools
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -37,8 +37,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pydantic import BaseModel, ValidationError
 
 from saga import Saga, StepRetry
-from saga.engine.definition import COMPENSATE, HOLD, RETRY, LocalAction
-from saga.engine.outcomes import LocalOutcome, TransitionResult
+from saga.engine.definition import COMPENSATE, HOLD, RETRY
+from saga.engine.outcomes import TransitionResult
 from saga.engine.routing import (
     awaits,
     awaits_reply,
@@ -67,6 +67,7 @@ from saga.messaging.envelope import (
     Envelope,
     message_type_of,
 )
+from tests.support.saga_model import MemorySteps, Reference
 
 HOME = "home"
 SAGA_ID = UUID(int=1)
@@ -199,67 +200,6 @@ def build(shapes: tuple[StepShape, ...], faults: list[bool], ran: list[Any]) -> 
             )
     saga.validate()
     return saga
-
-
-class MemorySteps:
-    """Runs local steps the way the orchestrator's savepoint runner does, without a database."""
-
-    def __init__(self, at: datetime) -> None:
-        self.at = at
-
-    def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
-        try:
-            result = action(None, data)
-        except StepFailed as failure:
-            return LocalOutcome(None, failure, self.at, self.at)
-        except Exception as exc:
-            if not compensation:
-                raise
-            return LocalOutcome(None, exc, self.at, self.at)
-        return LocalOutcome(result, None, self.at, self.at)
-
-
-# -- the reference model -----------------------------------------------------------------
-
-
-@dataclass
-class Reference:
-    """What must be undone, in what order: steps in the order they took effect.
-
-    A step takes effect when it succeeds; a remote step whose outcome is unknown (its
-    command was dead-lettered or purged, or its deadline passed) may have, and is
-    undone like one that succeeded when the saga compensates.
-    """
-
-    compensable: set[str]
-    pivot: str | None
-    took_effect: list[str] = field(default_factory=list)
-    undone: list[str] = field(default_factory=list)
-    pivot_passed: bool = False
-    cancelled: bool = False
-
-    def next_to_undo(self) -> str | None:
-        pending = [s for s in self.took_effect if s in self.compensable]
-        return pending[-1] if pending else None
-
-    def effect(self, step: str, *, certain: bool = True) -> None:
-        """``step`` took effect (``certain``) or may have; only a pivot that succeeded is passed."""
-        assert step not in self.took_effect, f"{step} took effect twice"
-        self.took_effect.append(step)
-        self.pivot_passed = self.pivot_passed or (certain and step == self.pivot)
-
-    def compensating(self, step: str) -> None:
-        assert not self.pivot_passed, f"{step} compensated after the pivot {self.pivot} completed"
-        expected = self.next_to_undo()
-        assert step == expected, (
-            f"compensating {step}, expected {expected} (took effect: {self.took_effect}, "
-            f"undone: {self.undone})"
-        )
-
-    def compensated(self, step: str) -> None:
-        self.compensating(step)
-        del self.took_effect[self.took_effect.index(step) :]
-        self.undone.append(step)
 
 
 def _snapshot(record: SagaRecord) -> tuple[Any, ...]:

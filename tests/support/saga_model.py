@@ -1,0 +1,74 @@
+"""The reference model of the transition model tests (tests/unit/test_transition_model.py).
+
+:class:`Reference` says what must be undone, in what order; :class:`MemorySteps` runs local
+steps as the orchestrator's savepoint runner does, without a database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from saga.engine.definition import LocalAction
+from saga.engine.outcomes import LocalOutcome
+from saga.errors import StepFailed
+
+
+class MemorySteps:
+    """Runs local steps the way the orchestrator's savepoint runner does, without a database."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
+        try:
+            result = action(None, data)
+        except StepFailed as failure:
+            return LocalOutcome(None, failure, self.at, self.at)
+        except Exception as exc:
+            if not compensation:
+                raise
+            return LocalOutcome(None, exc, self.at, self.at)
+        return LocalOutcome(result, None, self.at, self.at)
+
+
+@dataclass
+class Reference:
+    """What must be undone, in what order: steps in the order they took effect.
+
+    A step takes effect when it succeeds; a remote step whose outcome is unknown (its
+    command was dead-lettered or purged, or its deadline passed) may have, and is
+    undone like one that succeeded when the saga compensates.
+    """
+
+    compensable: set[str]
+    pivot: str | None
+    took_effect: list[str] = field(default_factory=list)
+    undone: list[str] = field(default_factory=list)
+    pivot_passed: bool = False
+    cancelled: bool = False
+
+    def next_to_undo(self) -> str | None:
+        pending = [s for s in self.took_effect if s in self.compensable]
+        return pending[-1] if pending else None
+
+    def effect(self, step: str, *, certain: bool = True) -> None:
+        """``step`` took effect (``certain``) or may have; only a pivot that succeeded is passed."""
+        assert step not in self.took_effect, f"{step} took effect twice"
+        self.took_effect.append(step)
+        self.pivot_passed = self.pivot_passed or (certain and step == self.pivot)
+
+    def compensating(self, step: str) -> None:
+        assert not self.pivot_passed, f"{step} compensated after the pivot {self.pivot} completed"
+        expected = self.next_to_undo()
+        assert step == expected, (
+            f"compensating {step}, expected {expected} (took effect: {self.took_effect}, "
+            f"undone: {self.undone})"
+        )
+
+    def compensated(self, step: str) -> None:
+        self.compensating(step)
+        del self.took_effect[self.took_effect.index(step) :]
+        self.undone.append(step)
