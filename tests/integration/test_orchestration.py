@@ -9,7 +9,7 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from saga.errors import NotCancellable
+from saga.errors import IdempotencyKeyReused, NotCancellable
 from saga.messaging.control import Ack
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
@@ -108,6 +108,8 @@ def test_failure_at_the_pivot_compensates_in_reverse_order(
     ]
     last_error = db.scalar("SELECT last_error FROM saga.saga_instances WHERE id = %s", (saga_id,))
     assert last_error == "book_hotel: no rooms"
+    failures = db.rows("SELECT status, step, last_error FROM saga.saga_failures")
+    assert failures == [("compensated", "book_hotel", "book_hotel: no rooms")]
 
 
 def test_compensation_failing_three_times_then_succeeding(
@@ -166,6 +168,16 @@ def test_starting_twice_with_the_same_key_gives_one_saga(db: TestDatabase) -> No
     first = start(db, TripData(trip_id="t7"), key="request-42")
     second = start(db, TripData(trip_id="t7"), key="request-42")
     assert first == second
+    assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 1
+    assert db.scalar("SELECT count(*) FROM saga.outbox WHERE message_type = 'Charge'") == 1
+    assert effects(db) == ["open"]
+
+
+def test_the_same_key_with_other_data_is_refused(db: TestDatabase) -> None:
+    first = start(db, TripData(trip_id="t8"), key="request-43")
+    with pytest.raises(IdempotencyKeyReused, match=f"'request-43' already started saga {first}"):
+        start(db, TripData(trip_id="t8", book_fails=True), key="request-43")
+    assert start(db, TripData(trip_id="t8"), key="request-43") == first
     assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 1
     assert db.scalar("SELECT count(*) FROM saga.outbox WHERE message_type = 'Charge'") == 1
     assert effects(db) == ["open"]
