@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.common import (
+    DatabaseUrlOption,
+    SchemaOption,
+    connect,
+    console,
+    print_table,
+    settings_from,
+)
 from saga.cli.durations import parse_duration
 from saga.db import schema as migrations
 from saga.operations import roles
@@ -54,7 +61,7 @@ def status_command(database_url: DatabaseUrlOption = None, schema: SchemaOption 
             label,
             state.applied_at.isoformat(timespec="seconds") if state.applied_at else "",
         )
-    console.print(table)
+    print_table(table)
     pending = sum(1 for s in states if not s.applied)
     console.print(f"{len(states) - pending} applied, {pending} pending")
 

@@ -133,11 +133,16 @@ SELECT step, phase, attempt, outcome, started_at, finished_at, error, message_id
 FROM {schema}.saga_steps WHERE saga_id = %s ORDER BY id
 """
 
-_LIST = """
+#: ``saga list``. The filters left out (NULL) fold away when the statement is planned with
+#: its values, so a key is found through ``saga_instances_idempotency_key`` and data fields
+#: through the GIN index ``saga_instances_data`` (``data @> '{"order_id": "o-17"}'``).
+LIST_SAGAS = """
 SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at
 FROM {schema}.saga_instances
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(key)s::text IS NULL OR idempotency_key = %(key)s)
+  AND (%(data)s::jsonb IS NULL OR data @> %(data)s::jsonb)
   AND (%(older)s::interval IS NULL OR started_at < now() - %(older)s::interval)
   AND (%(newer)s::interval IS NULL OR started_at >= now() - %(newer)s::interval)
 ORDER BY started_at DESC, id DESC
@@ -165,7 +170,7 @@ class SagaStore:
         self._versions = render(_VERSIONS, schema)
         self._migration_plan = render(_MIGRATION_PLAN, schema)
         self._migrate_batch = render(_MIGRATE_BATCH, schema)
-        self._list = render(_LIST, schema)
+        self._list = render(LIST_SAGAS, schema)
 
     def insert(
         self, conn: psycopg.Connection[Any], record: SagaRecord, fingerprint: str | None = None
@@ -286,19 +291,21 @@ class SagaStore:
         name: str | None = None,
         older_than: timedelta | None = None,
         newer_than: timedelta | None = None,
+        key: str | None = None,
+        data: dict[str, Any] | None = None,
         limit: int = 50,
     ) -> list[SagaSummary]:
-        rows = conn.execute(
-            self._list,
-            {
-                "status": status,
-                "name": name,
-                "older": older_than,
-                "newer": newer_than,
-                "limit": limit,
-            },
-        ).fetchall()
-        return [SagaSummary(*row) for row in rows]
+        """Sagas newest first; ``key`` is an idempotency key, ``data`` fields the data holds."""
+        params = {
+            "status": status,
+            "name": name,
+            "older": older_than,
+            "newer": newer_than,
+            "key": key,
+            "data": Jsonb(data) if data else None,
+            "limit": limit,
+        }
+        return [SagaSummary(*row) for row in conn.execute(self._list, params).fetchall()]
 
 
 class AsyncSagaStore:
