@@ -377,7 +377,7 @@ class Transition:
     def _send_forward(self, step: Step, attempt: int, message_id: UUID | None = None) -> None:
         assert isinstance(step, RemoteStep)
         envelope = self._envelope(
-            step.command(self.data),
+            self.saga.build_message(step, self.data),
             reply_to=self.home_service,
             headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: self._step_key(step)},
             message_id=message_id,
@@ -404,7 +404,7 @@ class Transition:
         assert step.compensation is not None
         forward_key = self._step_key(step)
         return self._envelope(
-            step.compensation(self.data),
+            self.saga.build_message(step, self.data, compensation=True),
             reply_to=self.home_service,
             headers={
                 STEP_HEADER: step.name,

@@ -9,7 +9,8 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from saga.errors import IdempotencyKeyReused, NotCancellable
+from saga import Saga, SagaRegistry
+from saga.errors import ConfigurationError, IdempotencyKeyReused, NotCancellable
 from saga.messaging.control import Ack
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
@@ -181,6 +182,35 @@ def test_the_same_key_with_other_data_is_refused(db: TestDatabase) -> None:
     assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 1
     assert db.scalar("SELECT count(*) FROM saga.outbox WHERE message_type = 'Charge'") == 1
     assert effects(db) == ["open"]
+
+
+class Basket(BaseModel):
+    basket_id: str
+    customer: str | None = None
+
+
+class Bill(BaseModel):
+    basket_id: str
+    customer: str
+
+
+def test_a_command_that_cannot_be_built_at_start_names_saga_step_and_field(
+    db: TestDatabase,
+) -> None:
+    checkout = Saga("checkout", data=Basket)
+    checkout.remote(
+        "bill",
+        service="billing",
+        command=lambda d: Bill(basket_id=d.basket_id, customer=d.customer),
+    )
+    SagaRegistry("shop").register(checkout)
+    with pytest.raises(ConfigurationError) as info, db.connect() as conn, conn.transaction():
+        checkout.start(conn, Basket(basket_id="b1"))
+    assert str(info.value).startswith(
+        "saga 'checkout' v1 step 'bill': cannot build its command Bill from Basket: "
+        "customer: Input should be a valid string"
+    )
+    assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 0
 
 
 def test_start_is_atomic_with_the_callers_transaction(db: TestDatabase) -> None:
