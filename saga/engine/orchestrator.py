@@ -87,11 +87,16 @@ class Orchestrator:
         idempotency_key: str | None = None,
     ) -> UUID:
         """Start a saga in ``tx``: its first steps run now, and the row is written as they
-        leave it, in one insert. A start whose idempotency key is taken undoes the local
-        steps it ran and returns the existing saga's id (or raises
-        :class:`IdempotencyKeyReused` if that saga started with other data)."""
+        leave it, in one insert. A start whose idempotency key is taken returns the existing
+        saga's id, running no local step (or undoing those it ran, when the key was taken
+        meanwhile); it raises :class:`IdempotencyKeyReused` if that saga started with
+        other data."""
         record = self._new_record(saga, data, idempotency_key, pending=None)
         fingerprint = _fingerprint(record, idempotency_key)
+        if idempotency_key is not None:  # a retried request: its local steps must not run again
+            existing = self.store.find_by_key(tx, saga.name, idempotency_key)
+            if existing is not None:
+                return _same_request(saga, idempotency_key, fingerprint, *existing)
         attributes = {tracing.SAGA_ID: record.id, tracing.SAGA_NAME: saga.name}
         try:
             with (
