@@ -26,7 +26,11 @@ app = typer.Typer(help="Create and upgrade the framework's tables.", no_args_is_
 
 @app.command("migrate")
 def migrate_command(database_url: DatabaseUrlOption = None, schema: SchemaOption = None) -> None:
-    """Apply every pending migration (safe to run from several processes at once)."""
+    """Apply every pending migration (safe to run from several processes at once).
+
+    From Python (a test fixture, an application's start-up hook):
+    saga.db.schema.migrate(conn, schema).
+    """
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn:
         applied = migrations.migrate(conn, settings.db_schema)
@@ -42,7 +46,7 @@ def migrate_command(database_url: DatabaseUrlOption = None, schema: SchemaOption
 
 @app.command("status")
 def status_command(database_url: DatabaseUrlOption = None, schema: SchemaOption = None) -> None:
-    """List applied and pending migrations."""
+    """List applied and pending migrations (from Python: saga.db.schema.status(conn, schema))."""
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn:
         states = migrations.status(conn, settings.db_schema)
