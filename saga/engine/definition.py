@@ -381,10 +381,13 @@ class Saga(Generic[D]):
     def build_message(
         self, step: RemoteStep, data: BaseModel, *, compensation: bool = False
     ) -> BaseModel:
-        """The step's command (or its compensation) for ``data``. A message that does not
-        validate raises :class:`ConfigurationError` naming the saga, the step and the fields."""
+        """The step's command (or its compensation) for ``data``. Building that fails raises
+        :class:`ConfigurationError` naming the saga, the step and (when the message does not
+        validate) the fields."""
         builder = step.compensation if compensation else step.command
         assert builder is not None
+        what = "compensation" if compensation else "command"
+        where = f"saga {self.name!r} v{self.version} step {step.name!r}: cannot build its {what}"
         try:
             return builder(data)
         except ValidationError as exc:
@@ -392,11 +395,11 @@ class Saga(Generic[D]):
                 f"{'.'.join(map(str, e['loc'])) or '(the message)'}: {e['msg']}"
                 for e in exc.errors()
             )
-            what = "compensation" if compensation else "command"
             raise ConfigurationError(
-                f"saga {self.name!r} v{self.version} step {step.name!r}: cannot build its "
-                f"{what} {exc.title} from {type(data).__name__}: {fields}"
+                f"{where} {exc.title} from {type(data).__name__}: {fields}"
             ) from None
+        except Exception as exc:  # a function of the data that failed (AttributeError, ...)
+            raise ConfigurationError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
     def validate(self, routes: dict[type[BaseModel], str] | None = None) -> None:
         """Raise :class:`ConfigurationError` listing every mistake in this definition."""

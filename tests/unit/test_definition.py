@@ -151,6 +151,15 @@ def test_a_message_that_does_not_validate_names_saga_step_and_field() -> None:
         "customer_id: Input should be a valid string"
     )
 
+    failing = _saga("refunds")
+    failing.remote("refund", service="payments", command=lambda d: Refund(charge_id=d.charge))
+    with pytest.raises(ConfigurationError) as info:
+        failing.build_message(failing.steps[0], Data(order_id="o1"))  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "saga 'refunds' v1 step 'refund': cannot build its command: "
+        "AttributeError: 'Data' object has no attribute 'charge'"
+    )
+
 
 def test_every_problem_is_listed_at_once() -> None:
     saga = _saga()
