@@ -107,7 +107,7 @@ def list_sagas(
             f"[{style}]{r.status}",
             r.step or "",
             r.started_at.strftime("%Y-%m-%d %H:%M:%S"),
-            (r.last_error or "")[:80],
+            r.last_error or "",
         )
     print_table(table)
 

@@ -105,3 +105,15 @@ def test_stats_headers_stay_whole_at_80_columns(many_sagas: TestDatabase, termin
         assert max(len(line) for line in plain(result.stdout).splitlines()) <= 80
     else:  # not a terminal: nothing folded, every header on one line
         assert headers[1:-2] == [s.value for s in SagaStatus]
+
+
+def test_list_piped_prints_every_cell_whole(db: TestDatabase) -> None:
+    error = "charge: " + "the gateway refused the card for a reason that takes many words " * 3
+    db.execute(
+        "INSERT INTO saga.saga_instances (id, name, saga_version, service, status, data, "
+        "last_error) VALUES (gen_random_uuid(), 'create_order', 1, 'orders', 'compensated', "
+        "'{}', %s)",
+        (error.strip(),),
+    )
+    result = saga_cli(db.url, "list", COLUMNS="80")
+    assert error.strip() in result.stdout
