@@ -86,11 +86,16 @@ CREATE TABLE saga_instances (
     finished_at        timestamptz,
     waiting_for        text,
     wait_schema        jsonb,
-    wait_deadline      timestamptz
+    wait_deadline      timestamptz,
+    idempotency_fingerprint text,
+    failed_step        text
 );
 
 CREATE UNIQUE INDEX saga_instances_idempotency
     ON saga_instances (name, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX saga_instances_idempotency_key
+    ON saga_instances (idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX saga_instances_data ON saga_instances USING gin (data jsonb_path_ops);
 CREATE INDEX saga_instances_unfinished ON saga_instances (status) WHERE finished_at IS NULL;
 CREATE INDEX saga_instances_name_status ON saga_instances (name, status, started_at);
 CREATE INDEX saga_instances_started_at ON saga_instances USING brin (started_at);
@@ -144,9 +149,13 @@ CREATE TABLE dead_letter_replays (
 CREATE INDEX saga_instances_finished_at
     ON saga_instances (finished_at) WHERE finished_at IS NOT NULL;
 
--- Sagas that did not complete, with the step and error that stopped them.
+-- Sagas that did not complete, with the step and error that stopped them: for a saga that
+-- compensated (or is compensating), the forward step that failed.
 CREATE VIEW saga_failures AS
-SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at
+SELECT id, name, saga_version, status,
+       CASE WHEN status IN ('compensated', 'compensating') THEN failed_step ELSE step END
+           AS step,
+       last_error, started_at, updated_at, finished_at
 FROM saga_instances
 WHERE status IN ('compensated', 'compensation_failed', 'forward_failed', 'step_dead_lettered')
    OR (status = 'compensating');

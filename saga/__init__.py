@@ -10,6 +10,7 @@ from saga.engine.definition import Saga, StepRetry
 from saga.engine.registry import SagaRegistry
 from saga.errors import (
     ConfigurationError,
+    IdempotencyKeyReused,
     InvalidIdentifier,
     MessageTooLarge,
     SagaError,
@@ -29,6 +30,7 @@ __all__ = [
     "Envelope",
     "FailureReply",
     "HandlerContext",
+    "IdempotencyKeyReused",
     "InvalidIdentifier",
     "MessageTooLarge",
     "Outbox",

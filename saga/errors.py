@@ -73,6 +73,11 @@ class IdempotencyKeyTaken(SagaError):
     returns that saga's id (never raised out of ``start``)."""
 
 
+class IdempotencyKeyReused(SagaError):
+    """A start reused an idempotency key with other data than the saga it started: a key
+    names one request, so the start is refused and nothing is written."""
+
+
 class UnknownSaga(SagaError):
     """A message names a saga instance this database does not have (retried, then dead-lettered)."""
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import psycopg
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.transport import DEFAULT_HEARTBEAT, BrokerConfig
@@ -29,6 +30,20 @@ from saga.settings import (
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` whole: on a terminal, cells and headers too wide fold onto more
+    lines (never cut to ``compe…``); piped or redirected, at its full width, whatever
+    ``COLUMNS`` says."""
+    for column in table.columns:
+        column.overflow = "fold"
+    if console.is_terminal:
+        console.print(table)
+        return
+    whole = Console(width=10_000, color_system=None)
+    whole.width = max(console.width, whole.measure(table).maximum)
+    whole.print(table, crop=False)
 
 
 def iso(value: datetime | None) -> str | None:

@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from saga.cli.common import DatabaseUrlOption, SchemaOption, connect, console, settings_from
+from saga.cli.common import (
+    DatabaseUrlOption,
+    SchemaOption,
+    connect,
+    console,
+    print_table,
+    settings_from,
+)
 from saga.cli.durations import parse_duration
 from saga.db import schema as migrations
 from saga.operations import roles
@@ -19,7 +26,11 @@ app = typer.Typer(help="Create and upgrade the framework's tables.", no_args_is_
 
 @app.command("migrate")
 def migrate_command(database_url: DatabaseUrlOption = None, schema: SchemaOption = None) -> None:
-    """Apply every pending migration (safe to run from several processes at once)."""
+    """Apply every pending migration (safe to run from several processes at once).
+
+    From Python (a test fixture, an application's start-up hook):
+    saga.db.schema.migrate(conn, schema).
+    """
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn:
         applied = migrations.migrate(conn, settings.db_schema)
@@ -35,7 +46,7 @@ def migrate_command(database_url: DatabaseUrlOption = None, schema: SchemaOption
 
 @app.command("status")
 def status_command(database_url: DatabaseUrlOption = None, schema: SchemaOption = None) -> None:
-    """List applied and pending migrations."""
+    """List applied and pending migrations (from Python: saga.db.schema.status(conn, schema))."""
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn:
         states = migrations.status(conn, settings.db_schema)
@@ -54,7 +65,7 @@ def status_command(database_url: DatabaseUrlOption = None, schema: SchemaOption 
             label,
             state.applied_at.isoformat(timespec="seconds") if state.applied_at else "",
         )
-    console.print(table)
+    print_table(table)
     pending = sum(1 for s in states if not s.applied)
     console.print(f"{len(states) - pending} applied, {pending} pending")
 

@@ -18,6 +18,7 @@ from saga.cli.common import (
     connect,
     console,
     iso,
+    print_table,
     settings_from,
 )
 from saga.cli.durations import parse_duration
@@ -170,7 +171,7 @@ def list_letters(
             letter.last_failed_at.strftime("%Y-%m-%d %H:%M:%S"),
             context.note(letter),
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command("show")
@@ -316,7 +317,7 @@ def _print_plan(letters: list[DeadLetterRow], context: LetterContext, force: boo
             destination,
             context.note(letter),
         )
-    console.print(table)
+    print_table(table)
 
 
 @app.command("purge")

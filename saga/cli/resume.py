@@ -17,6 +17,7 @@ from saga.cli.common import (
     connect,
     console,
     err_console,
+    print_table,
     settings_from,
 )
 from saga.cli.durations import parse_duration
@@ -82,7 +83,7 @@ def _resume_stuck(
             table.add_column(column, justify="right" if column == "sagas" else "left")
         for (saga_name, status, step), number in sorted(groups.items()):
             table.add_row(saga_name, status, step, f"{number:,}")
-        console.print(table)
+        print_table(table)
         if dry_run or not stuck:
             console.print(f"{'dry run: ' if dry_run else ''}{len(stuck)} saga(s) to resume")
             return

@@ -16,6 +16,7 @@ from saga.cli.common import (
     connect,
     console,
     iso,
+    print_table,
     settings_from,
 )
 from saga.cli.durations import parse_duration
@@ -43,6 +44,16 @@ def list_sagas(
         str | None, typer.Option(help="Started before this long ago (1h).")
     ] = None,
     since: Annotated[str | None, typer.Option(help="Started within this long (30m, 2d).")] = None,
+    key: Annotated[
+        str | None, typer.Option(help="Only the saga started with this idempotency key.")
+    ] = None,
+    data: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Only sagas whose data has this top-level field: field=text, or "
+            "field:=JSON for a number, boolean or null (amount_cents:=4200). Repeatable.",
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
     as_json: JsonOption = False,
     database_url: DatabaseUrlOption = None,
@@ -59,6 +70,8 @@ def list_sagas(
             name=name,
             older_than=parse_duration(older_than),
             newer_than=parse_duration(since),
+            key=key,
+            data=data_filter(data or []),
             limit=limit,
         )
     if as_json:
@@ -94,9 +107,32 @@ def list_sagas(
             f"[{style}]{r.status}",
             r.step or "",
             r.started_at.strftime("%Y-%m-%d %H:%M:%S"),
-            (r.last_error or "")[:80],
+            r.last_error or "",
         )
-    console.print(table)
+    print_table(table)
+
+
+def data_filter(pairs: list[str]) -> dict[str, Any]:
+    """``--data`` values as the fields a saga's data must hold (``field=text``,
+    ``field:=JSON``)."""
+    fields: dict[str, Any] = {}
+    for pair in pairs:
+        field, sep, value = pair.partition("=")
+        if not sep or not field.rstrip(":"):
+            raise typer.BadParameter(
+                f"{pair!r} is not field=value (or field:=JSON)", param_hint="--data"
+            )
+        if field.endswith(":"):
+            try:
+                fields[field[:-1]] = json.loads(value)
+            except json.JSONDecodeError:
+                raise typer.BadParameter(
+                    f"{pair!r}: {value!r} is not JSON (write field=text for text)",
+                    param_hint="--data",
+                ) from None
+        else:
+            fields[field] = value
+    return fields
 
 
 def timeline_entries(timeline: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -147,7 +183,7 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
             f"{s['duration_ms']:.1f}",
             s["error"] or "",
         )
-    console.print(table)
+    print_table(table)
 
 
 def show_saga(

@@ -22,6 +22,7 @@ from saga.cli.common import (
     StuckAfterOption,
     connect,
     console,
+    print_table,
     settings_from,
 )
 from saga.cli.durations import parse_duration
@@ -94,7 +95,7 @@ def stats(
             f"{duration['p50_s']:.2f}s / {duration['p95_s']:.2f}s" if duration else "",
             f"{(now - oldest).total_seconds():.0f}s ago" if oldest else "",
         )
-    console.print(table)
+    print_table(table)
     style = "red" if figures.stuck_count else "green"
     console.print(f"[{style}]{figures.stuck_count} stuck (no progress for {stuck_after})")
     for s in figures.stuck:
@@ -112,4 +113,4 @@ def _print_queues(queues: dict[str, BrokerQueue]) -> None:
             name, f"{q.depth:,}", f"{q.ready:,}", f"{q.in_flight:,}", f"{q.delayed:,}",
             f"{q.oldest_age_s:.1f}s",
         )  # fmt: skip
-    console.print(table)
+    print_table(table)

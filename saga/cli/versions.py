@@ -16,6 +16,7 @@ from saga.cli.common import (
     SchemaOption,
     connect,
     console,
+    print_table,
     settings_from,
 )
 from saga.cli.loading import load_registry
@@ -41,7 +42,7 @@ def versions(
         table.add_column(key.replace("_", " "), justify="left" if key == "name" else "right")
     for row in rows:
         table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row))
-    console.print(table)
+    print_table(table)
 
 
 def migrate_instances(

@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast, get_type_hints
 from uuid import UUID
 
 import psycopg
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from saga.db.sql import Tx, validate_name
 from saga.errors import ConfigurationError, SagaDataTooLarge
@@ -378,6 +378,29 @@ class Saga(Generic[D]):
             )
         return self.registry
 
+    def build_message(
+        self, step: RemoteStep, data: BaseModel, *, compensation: bool = False
+    ) -> BaseModel:
+        """The step's command (or its compensation) for ``data``. Building that fails raises
+        :class:`ConfigurationError` naming the saga, the step and (when the message does not
+        validate) the fields."""
+        builder = step.compensation if compensation else step.command
+        assert builder is not None
+        what = "compensation" if compensation else "command"
+        where = f"saga {self.name!r} v{self.version} step {step.name!r}: cannot build its {what}"
+        try:
+            return builder(data)
+        except ValidationError as exc:
+            fields = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '(the message)'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise ConfigurationError(
+                f"{where} {exc.title} from {type(data).__name__}: {fields}"
+            ) from None
+        except Exception as exc:  # a function of the data that failed (AttributeError, ...)
+            raise ConfigurationError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
     def validate(self, routes: dict[type[BaseModel], str] | None = None) -> None:
         """Raise :class:`ConfigurationError` listing every mistake in this definition."""
         problems: list[str] = []
@@ -414,6 +437,7 @@ class Saga(Generic[D]):
                     )
             else:
                 problems.extend(self._route_problems(step, routes))
+                problems.extend(self._field_problems(step))
         if problems:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version} is invalid:\n  - " + "\n  - ".join(problems)
@@ -459,6 +483,21 @@ class Saga(Generic[D]):
                 f"not passed {rule.unless_passed!r}: it lacks their steps {missing}"
             )
 
+    def _field_problems(self, step: RemoteStep) -> list[str]:
+        """Messages built from the data's fields that need a field the data lacks."""
+        problems: list[str] = []
+        for what, builder in (("command", step.command), ("compensation", step.compensation)):
+            if isinstance(builder, FieldsBuilder):
+                missing = builder.missing_fields(self.data_model)
+                if missing:
+                    problems.append(
+                        f"step {step.name!r}: its {what} {builder.model.__name__} is built from "
+                        f"the fields of {self.data_model.__name__}, which lacks its required "
+                        f"field(s) {', '.join(missing)}; add them to the data, or pass a "
+                        "function of the data"
+                    )
+        return problems
+
     def _route_problems(self, step: RemoteStep, routes: dict[type[BaseModel], str]) -> list[str]:
         if step.service:
             try:
@@ -479,15 +518,29 @@ class Saga(Generic[D]):
         return []
 
 
+class FieldsBuilder:
+    """A message class built from the saga data's fields of the same names."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.model = model
+        self.__qualname__ = f"{model.__name__}.from_saga_data"
+
+    def __call__(self, data: BaseModel) -> BaseModel:
+        return self.model.model_validate(data.model_dump())
+
+    def missing_fields(self, data_model: type[BaseModel]) -> list[str]:
+        """The message's required fields that ``data_model`` has no field for."""
+        available = set(data_model.model_fields)
+        return [
+            field.alias or name
+            for name, field in self.model.model_fields.items()
+            if field.is_required() and (field.alias or name) not in available
+        ]
+
+
 def _builder(command: CommandBuilder | type[BaseModel]) -> CommandBuilder:
     if isinstance(command, type) and issubclass(command, BaseModel):
-        model = command
-
-        def build(data: BaseModel) -> BaseModel:
-            return model.model_validate(data.model_dump())
-
-        build.__qualname__ = f"{model.__name__}.from_saga_data"
-        return build
+        return FieldsBuilder(command)
     if not callable(command):
         raise ConfigurationError(f"command must be a message class or a function, got {command!r}")
     return cast(CommandBuilder, command)

@@ -30,11 +30,12 @@ from saga.engine.routing import (
     may_undo,
     wait_timeout_applies,
 )
-from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
+from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry, data_fingerprint
 from saga.engine.store import AsyncSagaStore, SagaStore
 from saga.engine.transitions import Transition
 from saga.errors import (
     ConfigurationError,
+    IdempotencyKeyReused,
     IdempotencyKeyTaken,
     NotCancellable,
     SagaError,
@@ -86,9 +87,16 @@ class Orchestrator:
         idempotency_key: str | None = None,
     ) -> UUID:
         """Start a saga in ``tx``: its first steps run now, and the row is written as they
-        leave it, in one insert. A start whose idempotency key is taken undoes the local
-        steps it ran and returns the existing saga's id."""
+        leave it, in one insert. A start whose idempotency key is taken returns the existing
+        saga's id, running no local step (or undoing those it ran, when the key was taken
+        meanwhile); it raises :class:`IdempotencyKeyReused` if that saga started with
+        other data."""
         record = self._new_record(saga, data, idempotency_key, pending=None)
+        fingerprint = _fingerprint(record, idempotency_key)
+        if idempotency_key is not None:  # a retried request: its local steps must not run again
+            existing = self.store.find_by_key(tx, saga.name, idempotency_key)
+            if existing is not None:
+                return _same_request(saga, idempotency_key, fingerprint, *existing)
         attributes = {tracing.SAGA_ID: record.id, tracing.SAGA_NAME: saga.name}
         try:
             with (
@@ -97,7 +105,7 @@ class Orchestrator:
             ):
                 run.advance(0)
                 result = run.result()
-                if not self.store.insert(tx, result.record):
+                if not self.store.insert(tx, result.record, fingerprint):
                     raise IdempotencyKeyTaken
                 self.home.persist(tx, None, result.log, result.outgoing, result.dead_letters)
         except IdempotencyKeyTaken:
@@ -105,7 +113,7 @@ class Orchestrator:
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
             if existing is None:  # the other starter rolled back meanwhile: try again
                 return self.start(tx, saga, data, idempotency_key)
-            return existing
+            return _same_request(saga, idempotency_key, fingerprint, *existing)
         return record.id
 
     async def start_async(
@@ -124,12 +132,13 @@ class Orchestrator:
         saga_id = uuid7()
         kick = Envelope.wrap(StartSaga(saga_id=saga_id), saga_id=saga_id, correlation_id=saga_id)
         record = self._new_record(saga, data, idempotency_key, kick.message_id, saga_id)
-        if not await self.async_store.insert(tx, record):
+        fingerprint = _fingerprint(record, idempotency_key)
+        if not await self.async_store.insert(tx, record, fingerprint):
             assert idempotency_key is not None
             existing = await self.async_store.find_by_key(tx, saga.name, idempotency_key)
             if existing is None:  # the other starter rolled back meanwhile: try again
                 return await self.start_async(tx, saga, data, idempotency_key)
-            return existing
+            return _same_request(saga, idempotency_key, fingerprint, *existing)
         await self.home.outbox.add_async(tx, kick, destination=self.home.service_name)
         return saga_id
 
@@ -491,6 +500,27 @@ def request_cancel(
     """
     if not store.request_cancel(tx, saga_id, reason):
         raise _cancel_refused(saga_id, store.load(tx, saga_id))
+
+
+def _fingerprint(record: SagaRecord, idempotency_key: str | None) -> str | None:
+    """The fingerprint kept with a start's key: of the data the saga starts with."""
+    return data_fingerprint(record.data) if idempotency_key is not None else None
+
+
+def _same_request(
+    saga: Saga[Any], key: str, fingerprint: str | None, saga_id: UUID, kept: str | None
+) -> UUID:
+    """The id of the saga already started under ``key``, if it started with the same data.
+
+    A key names one request: reused with other data it is a client's mistake, refused
+    like a payment API refuses it. (Sagas started before fingerprints were kept have none.)
+    """
+    if kept is not None and kept != fingerprint:
+        raise IdempotencyKeyReused(
+            f"saga {saga.name!r}: idempotency key {key!r} already started saga {saga_id} "
+            "with other data; a key stands for one request, so use a new key for new data"
+        )
+    return saga_id
 
 
 def _cancel_refused(saga_id: UUID, record: SagaRecord | None) -> SagaError:

@@ -144,7 +144,8 @@ class SagaRegistry:
         *,
         idempotency_key: str | None = None,
     ) -> UUID:
-        """Start a saga in the caller's transaction; the same key twice gives the same id."""
+        """Start a saga in the caller's transaction; the same key twice gives the same id
+        (with other data, :class:`~saga.errors.IdempotencyKeyReused`)."""
         saga_id: UUID = self.orchestrator.start(conn, self._own(saga), data, idempotency_key)
         return saga_id
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -46,6 +48,12 @@ class Phase(StrEnum):
     COMPENSATION = "compensation"
 
 
+def data_fingerprint(data: dict[str, Any]) -> str:
+    """A digest of saga data (as JSON), kept with a start's idempotency key."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 @dataclass(slots=True)
 class SagaRecord:
     """One ``saga_instances`` row; ``version`` guards every update."""
@@ -72,6 +80,7 @@ class SagaRecord:
     waiting_for: str | None = None
     wait_schema: dict[str, Any] | None = None
     wait_deadline: datetime | None = None
+    failed_step: str | None = None  # the forward step whose failure made it compensate
 
     @classmethod
     def new(

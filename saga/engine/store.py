@@ -17,20 +17,24 @@ from saga.errors import ConcurrentUpdate
 _COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
     version, started_at, updated_at, step_started_at, finished_at, waiting_for, wait_schema,
-    wait_deadline"""
+    wait_deadline, failed_step"""
 
 #: A new saga, written as its first transition left it (one statement per start).
 _INSERT = """
 INSERT INTO {schema}.saga_instances
-    (id, name, saga_version, service, idempotency_key, status, step, data, completed_steps,
-     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error,
-     step_started_at, waiting_for, wait_schema, wait_deadline, finished_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+    (id, name, saga_version, service, idempotency_key, idempotency_fingerprint, status, step,
+     data, completed_steps, pending_message_id, step_attempt, cancel_requested, pivot_reached,
+     last_error, step_started_at, waiting_for, wait_schema, wait_deadline, failed_step,
+     finished_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
         CASE WHEN %s THEN now() END)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
 
-_BY_KEY = "SELECT id FROM {schema}.saga_instances WHERE name = %s AND idempotency_key = %s"
+_BY_KEY = """
+SELECT id, idempotency_fingerprint FROM {schema}.saga_instances
+WHERE name = %s AND idempotency_key = %s
+"""
 
 _LOAD = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = %s"
 
@@ -39,7 +43,7 @@ UPDATE {schema}.saga_instances SET
     status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
     step_attempt = %s, cancel_requested = %s, pivot_reached = %s, last_error = %s,
     step_started_at = %s, waiting_for = %s, wait_schema = %s, wait_deadline = %s,
-    finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
+    failed_step = %s, finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
 RETURNING version
@@ -55,13 +59,14 @@ UPDATE {schema}.saga_instances AS s SET
     cancel_requested = v.cancel_requested, pivot_reached = v.pivot_reached,
     last_error = v.last_error, step_started_at = v.step_started_at,
     waiting_for = v.waiting_for, wait_schema = v.wait_schema, wait_deadline = v.wait_deadline,
+    failed_step = v.failed_step,
     finished_at = CASE WHEN v.ended THEN coalesce(s.finished_at, now()) ELSE NULL END,
     updated_at = now(), version = s.version + 1
 FROM jsonb_to_recordset(%s) AS v(
     id uuid, version bigint, status text, step text, data jsonb, completed_steps text[],
     pending_message_id uuid, step_attempt int, cancel_requested boolean, pivot_reached boolean,
     last_error text, step_started_at timestamptz, waiting_for text, wait_schema jsonb,
-    wait_deadline timestamptz, ended boolean)
+    wait_deadline timestamptz, failed_step text, ended boolean)
 WHERE s.id = v.id AND s.version = v.version
 RETURNING s.id
 """
@@ -128,11 +133,16 @@ SELECT step, phase, attempt, outcome, started_at, finished_at, error, message_id
 FROM {schema}.saga_steps WHERE saga_id = %s ORDER BY id
 """
 
-_LIST = """
+#: ``saga list``. The filters left out (NULL) fold away when the statement is planned with
+#: its values, so a key is found through ``saga_instances_idempotency_key`` and data fields
+#: through the GIN index ``saga_instances_data`` (``data @> '{"order_id": "o-17"}'``).
+LIST_SAGAS = """
 SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at
 FROM {schema}.saga_instances
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(key)s::text IS NULL OR idempotency_key = %(key)s)
+  AND (%(data)s::jsonb IS NULL OR data @> %(data)s::jsonb)
   AND (%(older)s::interval IS NULL OR started_at < now() - %(older)s::interval)
   AND (%(newer)s::interval IS NULL OR started_at >= now() - %(newer)s::interval)
 ORDER BY started_at DESC, id DESC
@@ -160,15 +170,24 @@ class SagaStore:
         self._versions = render(_VERSIONS, schema)
         self._migration_plan = render(_MIGRATION_PLAN, schema)
         self._migrate_batch = render(_MIGRATE_BATCH, schema)
-        self._list = render(_LIST, schema)
+        self._list = render(LIST_SAGAS, schema)
 
-    def insert(self, conn: psycopg.Connection[Any], record: SagaRecord) -> bool:
-        """Insert a new saga; False (nothing written) if its idempotency key is taken."""
-        return conn.execute(self._insert, _insert_params(record), prepare=True).rowcount == 1
+    def insert(
+        self, conn: psycopg.Connection[Any], record: SagaRecord, fingerprint: str | None = None
+    ) -> bool:
+        """Insert a new saga; False (nothing written) if its idempotency key is taken.
 
-    def find_by_key(self, conn: psycopg.Connection[Any], name: str, key: str) -> UUID | None:
+        ``fingerprint`` (of the data it started with) is kept with the key.
+        """
+        params = _insert_params(record, fingerprint)
+        return conn.execute(self._insert, params, prepare=True).rowcount == 1
+
+    def find_by_key(
+        self, conn: psycopg.Connection[Any], name: str, key: str
+    ) -> tuple[UUID, str | None] | None:
+        """The saga started under ``key`` and the fingerprint of the data it started with."""
         row = conn.execute(self._by_key, (name, key)).fetchone()
-        return row[0] if row else None
+        return (row[0], row[1]) if row else None
 
     def load(self, conn: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord | None:
         row = conn.execute(self._load, (saga_id,), prepare=True).fetchone()
@@ -272,19 +291,21 @@ class SagaStore:
         name: str | None = None,
         older_than: timedelta | None = None,
         newer_than: timedelta | None = None,
+        key: str | None = None,
+        data: dict[str, Any] | None = None,
         limit: int = 50,
     ) -> list[SagaSummary]:
-        rows = conn.execute(
-            self._list,
-            {
-                "status": status,
-                "name": name,
-                "older": older_than,
-                "newer": newer_than,
-                "limit": limit,
-            },
-        ).fetchall()
-        return [SagaSummary(*row) for row in rows]
+        """Sagas newest first; ``key`` is an idempotency key, ``data`` fields the data holds."""
+        params = {
+            "status": status,
+            "name": name,
+            "older": older_than,
+            "newer": newer_than,
+            "key": key,
+            "data": Jsonb(data) if data else None,
+            "limit": limit,
+        }
+        return [SagaSummary(*row) for row in conn.execute(self._list, params).fetchall()]
 
 
 class AsyncSagaStore:
@@ -297,16 +318,23 @@ class AsyncSagaStore:
     def __init__(self, store: SagaStore) -> None:
         self.store = store
 
-    async def insert(self, conn: psycopg.AsyncConnection[Any], record: SagaRecord) -> bool:
+    async def insert(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        record: SagaRecord,
+        fingerprint: str | None = None,
+    ) -> bool:
         """See :meth:`SagaStore.insert`."""
-        cur = await conn.execute(self.store._insert, _insert_params(record), prepare=True)
+        params = _insert_params(record, fingerprint)
+        cur = await conn.execute(self.store._insert, params, prepare=True)
         return cur.rowcount == 1
 
     async def find_by_key(
         self, conn: psycopg.AsyncConnection[Any], name: str, key: str
-    ) -> UUID | None:
+    ) -> tuple[UUID, str | None] | None:
+        """See :meth:`SagaStore.find_by_key`."""
         row = await (await conn.execute(self.store._by_key, (name, key))).fetchone()
-        return row[0] if row else None
+        return (row[0], row[1]) if row else None
 
     async def load(self, conn: psycopg.AsyncConnection[Any], saga_id: UUID) -> SagaRecord | None:
         row = await (await conn.execute(self.store._load, (saga_id,), prepare=True)).fetchone()
@@ -320,9 +348,9 @@ class AsyncSagaStore:
         return cur.rowcount == 1
 
 
-def _insert_params(record: SagaRecord) -> tuple[Any, ...]:
+def _insert_params(record: SagaRecord, fingerprint: str | None) -> tuple[Any, ...]:
     identity = (record.id, record.name, record.saga_version, record.service)
-    return (*identity, record.idempotency_key, *_state_params(record))
+    return (*identity, record.idempotency_key, fingerprint, *_state_params(record))
 
 
 def _state_params(record: SagaRecord) -> tuple[Any, ...]:
@@ -341,6 +369,7 @@ def _state_params(record: SagaRecord) -> tuple[Any, ...]:
         record.waiting_for,
         Jsonb(record.wait_schema) if record.wait_schema is not None else None,
         record.wait_deadline,
+        record.failed_step,
         record.status.finished or record.status.needs_operator,
     )
 
@@ -374,6 +403,7 @@ def _record(row: Sequence[Any]) -> SagaRecord:
         waiting_for=row[19],
         wait_schema=row[20],
         wait_deadline=row[21],
+        failed_step=row[22],
     )
 
 
@@ -395,6 +425,7 @@ def _row_document(record: SagaRecord) -> dict[str, Any]:
         "waiting_for": record.waiting_for,
         "wait_schema": record.wait_schema,
         "wait_deadline": _text(record.wait_deadline),
+        "failed_step": record.failed_step,
         "ended": record.status.finished or record.status.needs_operator,
     }
 

@@ -126,7 +126,7 @@ class Transition:
             elif failure.code in (DEAD_LETTERED, PURGED):
                 self._compensate_in_doubt(step, reason)
             else:
-                self._begin_compensation(reason)
+                self._begin_compensation(reason, step)
         else:
             self._log(step, Phase.COMPENSATION, "failed", self.record.step_started_at, reason)
             if failure.code == DEAD_LETTERED:
@@ -228,7 +228,7 @@ class Transition:
                 return f"{reason}; past the pivot, so the saga keeps waiting"
             self._end_wait()
             self._log(step, Phase.FORWARD, "failed", record.step_started_at, reason)
-            self._begin_compensation(reason)
+            self._begin_compensation(reason, step)
             return None
         self._end_wait()
         if result is not None:
@@ -245,7 +245,7 @@ class Transition:
         self._log(step, Phase.FORWARD, "timed_out", self.record.step_started_at, reason)
         self._end_wait()
         if step.on_timeout == COMPENSATE:
-            self._begin_compensation(reason)
+            self._begin_compensation(reason, step)
         else:
             self._go_on(self.saga.index(step.on_timeout))
 
@@ -268,7 +268,7 @@ class Transition:
         """Compensate, this step included: its command may have had its effect (the
         participant gave up after technical failures, or never answered in time)."""
         self.record.completed_steps.append(step.name)
-        self._begin_compensation(reason)
+        self._begin_compensation(reason, step)
 
     def _hold(self, step: Step, reason: str) -> None:
         """Keep the saga at ``step`` until the operator replays or purges its dead letter.
@@ -352,7 +352,8 @@ class Transition:
         """Go on from step ``index`` now the current step is answered (by a reply, a signal
         or a timeout), or compensate instead if a cancel was requested meanwhile."""
         if self.record.cancel_requested:
-            self._begin_compensation(self.record.last_error or "cancelled")
+            answered = self.saga.step(self.record.step) if self.record.step else None
+            self._begin_compensation(self.record.last_error or "cancelled", answered)
         else:
             self.advance(index)
 
@@ -365,7 +366,7 @@ class Transition:
                 raise RuntimeError(
                     f"step {step.name!r} is after the pivot and may not fail: {reason}"
                 ) from ran.error
-            self._begin_compensation(reason)
+            self._begin_compensation(reason, step)
             return False
         if ran.result is not None:
             self._set_data(ran.result, f"step {step.name!r}")
@@ -376,7 +377,7 @@ class Transition:
     def _send_forward(self, step: Step, attempt: int, message_id: UUID | None = None) -> None:
         assert isinstance(step, RemoteStep)
         envelope = self._envelope(
-            step.command(self.data),
+            self.saga.build_message(step, self.data),
             reply_to=self.home_service,
             headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: self._step_key(step)},
             message_id=message_id,
@@ -403,7 +404,7 @@ class Transition:
         assert step.compensation is not None
         forward_key = self._step_key(step)
         return self._envelope(
-            step.compensation(self.data),
+            self.saga.build_message(step, self.data, compensation=True),
             reply_to=self.home_service,
             headers={
                 STEP_HEADER: step.name,
@@ -419,9 +420,12 @@ class Transition:
 
     # -- compensating ---------------------------------------------------------
 
-    def _begin_compensation(self, reason: str) -> None:
+    def _begin_compensation(self, reason: str, cause: Step | None) -> None:
+        """Compensate because of ``cause`` (the step that failed, or was answered when a
+        cancel was waiting), kept as the saga's ``failed_step``."""
         self.record.status = SagaStatus.COMPENSATING
         self.record.last_error = reason
+        self.record.failed_step = cause.name if cause is not None else None
         self._compensate_next(attempt=1)
 
     def _compensate_next(self, attempt: int) -> None:

@@ -19,7 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import Outbox
-from saga.errors import NotCancellable, SignalRejected, UnknownSaga
+from saga.errors import IdempotencyKeyReused, NotCancellable, SignalRejected, UnknownSaga
 from saga.messaging.envelope import Envelope
 from saga.messaging.outbox import OutgoingMessage, collect_written
 from saga.operations.resume import SagaResumer
@@ -157,6 +157,8 @@ def test_start_async_records_the_saga_and_its_start_message_in_one_transaction(
     body = Envelope.from_bytes(bytes(db.scalar("SELECT body FROM saga.outbox")))
     assert body.message_id == pending
     assert start_async(db, "l1", key="l1") == saga_id  # the same key gives the same saga
+    with pytest.raises(IdempotencyKeyReused, match=f"'l1' already started saga {saga_id}"):
+        start_async(db, "l2", key="l1")  # the same key with other data
     assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 1
     assert len(outbox_rows(db)) == 1
 

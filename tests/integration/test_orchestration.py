@@ -9,7 +9,8 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from saga.errors import NotCancellable
+from saga import Saga, SagaRegistry
+from saga.errors import ConfigurationError, IdempotencyKeyReused, NotCancellable
 from saga.messaging.control import Ack
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
@@ -108,6 +109,8 @@ def test_failure_at_the_pivot_compensates_in_reverse_order(
     ]
     last_error = db.scalar("SELECT last_error FROM saga.saga_instances WHERE id = %s", (saga_id,))
     assert last_error == "book_hotel: no rooms"
+    failures = db.rows("SELECT status, step, last_error FROM saga.saga_failures")
+    assert failures == [("compensated", "book_hotel", "book_hotel: no rooms")]
 
 
 def test_compensation_failing_three_times_then_succeeding(
@@ -169,6 +172,45 @@ def test_starting_twice_with_the_same_key_gives_one_saga(db: TestDatabase) -> No
     assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 1
     assert db.scalar("SELECT count(*) FROM saga.outbox WHERE message_type = 'Charge'") == 1
     assert effects(db) == ["open"]
+
+
+def test_the_same_key_with_other_data_is_refused(db: TestDatabase) -> None:
+    first = start(db, TripData(trip_id="t8"), key="request-43")
+    with pytest.raises(IdempotencyKeyReused, match=f"'request-43' already started saga {first}"):
+        start(db, TripData(trip_id="t8", book_fails=True), key="request-43")
+    assert start(db, TripData(trip_id="t8"), key="request-43") == first
+    assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 1
+    assert db.scalar("SELECT count(*) FROM saga.outbox WHERE message_type = 'Charge'") == 1
+    assert effects(db) == ["open"]
+
+
+class Basket(BaseModel):
+    basket_id: str
+    customer: str | None = None
+
+
+class Bill(BaseModel):
+    basket_id: str
+    customer: str
+
+
+def test_a_command_that_cannot_be_built_at_start_names_saga_step_and_field(
+    db: TestDatabase,
+) -> None:
+    checkout = Saga("checkout", data=Basket)
+    checkout.remote(
+        "bill",
+        service="billing",
+        command=lambda d: Bill(basket_id=d.basket_id, customer=d.customer),
+    )
+    SagaRegistry("shop").register(checkout)
+    with pytest.raises(ConfigurationError) as info, db.connect() as conn, conn.transaction():
+        checkout.start(conn, Basket(basket_id="b1"))
+    assert str(info.value).startswith(
+        "saga 'checkout' v1 step 'bill': cannot build its command Bill from Basket: "
+        "customer: Input should be a valid string"
+    )
+    assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 0
 
 
 def test_start_is_atomic_with_the_callers_transaction(db: TestDatabase) -> None:

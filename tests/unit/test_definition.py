@@ -27,7 +27,17 @@ class Reserved(BaseModel):
 
 
 class Release(BaseModel):
-    reservation_id: str
+    order_id: str
+
+
+class Charge(BaseModel):
+    order_id: str
+    customer_id: str
+
+
+class Refund(BaseModel):
+    charge_id: str
+    reason: str = "compensated"
 
 
 def _noop(tx: Any, d: Data) -> None:
@@ -112,6 +122,43 @@ def test_unknown_local_compensation_name_is_reported() -> None:
     saga.local("a", compensate="missing")(_noop)
     with pytest.raises(ConfigurationError, match="names compensation 'missing'"):
         _registered(saga)
+
+
+def test_a_message_built_from_fields_the_data_lacks_is_reported_at_registration() -> None:
+    saga = _saga("checkout")
+    saga.remote("charge", service="payments", command=Charge, compensate=Refund)
+    with pytest.raises(ConfigurationError) as info:
+        _registered(saga)
+    problems = str(info.value)
+    assert problems.startswith("saga 'checkout' v1 is invalid")
+    assert "step 'charge': its command Charge is built from the fields of Data" in problems
+    assert "lacks its required field(s) customer_id;" in problems
+    assert "its compensation Refund" in problems and "field(s) charge_id;" in problems
+
+
+def test_a_message_that_does_not_validate_names_saga_step_and_field() -> None:
+    saga = _saga("checkout")
+    saga.remote(
+        "charge",
+        service="payments",
+        command=lambda d: Charge(order_id=d.order_id, customer_id=d.note),
+    )
+    _registered(saga)  # a function of the data is checked only when it runs
+    with pytest.raises(ConfigurationError) as info:
+        saga.build_message(saga.steps[0], Data(order_id="o1"))  # type: ignore[arg-type]
+    assert str(info.value).startswith(
+        "saga 'checkout' v1 step 'charge': cannot build its command Charge from Data: "
+        "customer_id: Input should be a valid string"
+    )
+
+    failing = _saga("refunds")
+    failing.remote("refund", service="payments", command=lambda d: Refund(charge_id=d.charge))
+    with pytest.raises(ConfigurationError) as info:
+        failing.build_message(failing.steps[0], Data(order_id="o1"))  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "saga 'refunds' v1 step 'refund': cannot build its command: "
+        "AttributeError: 'Data' object has no attribute 'charge'"
+    )
 
 
 def test_every_problem_is_listed_at_once() -> None:
