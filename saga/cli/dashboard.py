@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from typing import Annotated
 
 import typer
@@ -62,4 +63,8 @@ def dashboard(
     console.print(
         f"saga dashboard on http://{host}:{port}/ over {', '.join(databases.services)} ({mode})"
     )
+    # uvicorn stops gracefully on SIGTERM or SIGINT, then raises the signal again for the
+    # handler that was in place: this one lets the command end with status 0.
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda _signum, _frame: None)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -226,7 +226,11 @@ def _timeline_chart(
     if not record.status.finished and record.step_started_at is not None:
         start = (record.step_started_at - origin).total_seconds() * 1000
         now = (datetime.now(UTC) - origin).total_seconds() * 1000
-        what = f"waiting for {record.waiting_for}" if record.waiting_for else "waiting for reply"
+        what = (
+            "waiting for an operator"
+            if record.status.needs_operator
+            else f"waiting for {record.waiting_for or 'its reply'}"
+        )
         labels.append(f"{len(steps) + 1}. … {record.step}: {what}")
         bars.append([round(start, 1), round(max(now, start + 0.5), 1)])
         colours.append(_BAR_COLOURS["waiting"])
