@@ -9,7 +9,6 @@ detail page answers in under 300 ms (p95). The database is dropped after.
 
 from __future__ import annotations
 
-import socket
 import statistics
 import threading
 import time
@@ -87,18 +86,11 @@ def fill(url: str, sagas: int) -> float:
     return time.perf_counter() - began
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def serving(url: str) -> Iterator[str]:
     """The dashboard over ``url`` (as service ``orders``) on a local port, in a thread."""
     app = create_app(DashboardConfig(Databases([ServiceDatabase("orders", url)]), Guard(None)))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -106,6 +98,7 @@ def serving(url: str) -> Iterator[str]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the dashboard did not start")
         time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]  # the free port it was given
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -144,14 +137,18 @@ def _pages(url: str, sagas: int, samples: int) -> dict[str, list[str]]:
             "OFFSET %s LIMIT 1",
             (sagas // 2,),
         ).fetchone()
-        day = conn.execute("SELECT now() - interval '20 days', now() - interval '19 days'")
-        start, end = day.fetchone() or (None, None)
-    assert deep is not None and start is not None and end is not None
+        day = conn.execute(
+            "SELECT now() - interval '20 days', now() - interval '19 days', "
+            "now() - interval '20 days' + interval '1 hour'"
+        )
+        start, end, hour = day.fetchone() or (None, None, None)
+    assert deep is not None and start is not None and end is not None and hour is not None
 
     def listing(**params: str) -> str:
         return "/sagas?" + urlencode({"service": "orders", **params})
 
     one_day = {"from": start.isoformat(), "to": end.isoformat()}
+    one_hour = {"from": start.isoformat(), "to": hour.isoformat()}
     return {
         "list, newest first": [listing()] * samples,
         "list, status step_dead_lettered": [listing(status="step_dead_lettered")] * samples,
@@ -162,6 +159,7 @@ def _pages(url: str, sagas: int, samples: int) -> dict[str, list[str]]:
         * samples,
         "list, started within a day": [listing(**one_day)] * samples,
         "list, by id": [listing(id=saga_id) for saga_id in ids],
+        "list, text in data within an hour": [listing(text="c-4242", **one_hour)] * samples,
         "list, text in data within a day": [listing(text="c-4242", **one_day)] * samples,
         "saga detail": [f"/sagas/orders/{saga_id}" for saga_id in ids],
     }

@@ -5,6 +5,8 @@ who (the signed-in operator and the client's address), when, what, and the outco
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -84,56 +86,75 @@ def _letters(conn: psycopg.Connection[Any], schema: str, where: DeadLetterFilter
     return letters
 
 
+def _act(
+    databases: Databases,
+    service: str,
+    actor: Actor,
+    action: str,
+    target: dict[str, Any],
+    do: Callable[[psycopg.Connection[Any], str], str],
+    *,
+    one_transaction: bool,
+) -> str:
+    """Run ``do`` on ``service``'s database and record it there; return its summary.
+
+    ``one_transaction``: ``do`` and its record commit together (replay and purge commit
+    their own batches, then the record).
+    """
+    schema = databases.database(service).schema
+    with (
+        databases.connect(service) as conn,
+        conn.transaction() if one_transaction else nullcontext(),
+    ):
+        summary = do(conn, schema)
+        record(conn, schema, actor, action, {"service": service, **target}, summary)
+    return summary
+
+
 def replay_letters(
     databases: Databases, service: str, where: DeadLetterFilter, actor: Actor
 ) -> str:
     """Replay the letters ``where`` selects (superseded ones are refused); recorded."""
-    schema = databases.database(service).schema
-    target = {"service": service, **where.describe()}
-    with databases.connect(service) as conn:
-        letters = _letters(conn, schema, where)
-        criteria = {**target, "command": "saga dashboard", "operator": actor.operator}
-        result = replay(conn, letters, criteria, schema=schema)
-        summary = f"replayed {len(result.replayed)} dead letter(s)" + (
-            f", refused {len(result.refused)}: "
-            + "; ".join(f"{i}: {why}" for i, why in result.refused.items())
-            if result.refused
-            else ""
+    criteria = {**where.describe(), "command": "saga dashboard", "operator": actor.operator}
+
+    def do(conn: psycopg.Connection[Any], schema: str) -> str:
+        result = replay(conn, _letters(conn, schema, where), criteria, schema=schema)
+        refused = "; ".join(f"{i}: {why}" for i, why in result.refused.items())
+        return f"replayed {len(result.replayed)} dead letter(s)" + (
+            f", refused {len(result.refused)}: {refused}" if refused else ""
         )
-        record(conn, schema, actor, "replay", target, summary)
-    return summary
+
+    return _act(databases, service, actor, "replay", where.describe(), do, one_transaction=False)
 
 
 def purge_letters(databases: Databases, service: str, where: DeadLetterFilter, actor: Actor) -> str:
     """Purge the letters ``where`` selects (a held saga then compensates); recorded."""
-    schema = databases.database(service).schema
-    target = {"service": service, **where.describe()}
-    with databases.connect(service) as conn:
-        letters = _letters(conn, schema, where)
-        summary = f"purged {purge(conn, letters, schema=schema)} dead letter(s)"
-        record(conn, schema, actor, "purge", target, summary)
-    return summary
+
+    def do(conn: psycopg.Connection[Any], schema: str) -> str:
+        return f"purged {purge(conn, _letters(conn, schema, where), schema=schema)} dead letter(s)"
+
+    return _act(databases, service, actor, "purge", where.describe(), do, one_transaction=False)
 
 
 def cancel_saga(databases: Databases, service: str, saga_id: UUID, actor: Actor) -> str:
     """Ask a running saga to compensate (refused past its pivot); recorded."""
-    schema = databases.database(service).schema
-    target = {"service": service, "saga_id": str(saga_id)}
-    with databases.connect(service) as conn, conn.transaction():
+
+    def do(conn: psycopg.Connection[Any], schema: str) -> str:
         request_cancel(SagaStore(schema), conn, saga_id, f"dashboard: {actor.operator}")
-        summary = f"saga {saga_id} will compensate as soon as its pending step answers"
-        record(conn, schema, actor, "cancel", target, summary)
-    return summary
+        return f"saga {saga_id} will compensate as soon as its pending step answers"
+
+    target = {"saga_id": str(saga_id)}
+    return _act(databases, service, actor, "cancel", target, do, one_transaction=True)
 
 
 def resume_saga(databases: Databases, service: str, saga_id: UUID, actor: Actor) -> str:
     """Send a saga a resume (as ``saga resume ID``, whatever its idle time); recorded."""
-    schema = databases.database(service).schema
-    target = {"service": service, "saga_id": str(saga_id)}
-    with databases.connect(service) as conn, conn.transaction():
+
+    def do(conn: psycopg.Connection[Any], schema: str) -> str:
         home = SagaResumer(schema).resume(
             conn, saga_id, stuck_after=RESUME_ANY_IDLE, reason=f"dashboard: {actor.operator}"
         )
-        summary = f"resume of saga {saga_id} sent to {home!r}"
-        record(conn, schema, actor, "resume", target, summary)
-    return summary
+        return f"resume of saga {saga_id} sent to {home!r}"
+
+    target = {"saga_id": str(saga_id)}
+    return _act(databases, service, actor, "resume", target, do, one_transaction=True)

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
+from psycopg.errors import QueryCanceled
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -23,7 +24,7 @@ from starlette.templating import Jinja2Templates
 
 from saga.dashboard import actions, pages
 from saga.dashboard.security import SESSION_COOKIE, Guard
-from saga.dashboard.sources import Databases
+from saga.dashboard.sources import STATEMENT_TIMEOUT_S, Databases
 from saga.engine.store import SagaFilter
 from saga.errors import ActionRefused, SagaError
 from saga.messaging.dead_letters import DeadLetterFilter
@@ -114,7 +115,7 @@ class Dashboard:
         return self.render(request, "saga.html", {"detail": detail, "record": detail.record})
 
     async def dead_letters(self, request: Request) -> Response:
-        views = await run_in_threadpool(pages.overview, self.databases)
+        views = await run_in_threadpool(pages.letter_groups, self.databases)
         return self.render(request, "dead_letters.html", {"views": views})
 
     async def letter(self, request: Request) -> Response:
@@ -200,6 +201,13 @@ class Dashboard:
         """An unknown saga or letter, bad input, a database down: said on a page."""
         return self.render(request, "error.html", {"error": str(exc)})
 
+    async def too_long(self, request: Request, _exc: Exception) -> Response:
+        error = (
+            f"the query ran longer than {STATEMENT_TIMEOUT_S} s and was cancelled: narrow "
+            "the filters (a time range, a name, a status)"
+        )
+        return self.render(request, "error.html", {"error": error})
+
     @asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         self.databases.open()
@@ -234,7 +242,11 @@ def create_app(config: DashboardConfig) -> Starlette:
     return Starlette(
         routes=dashboard.routes(),
         lifespan=dashboard.lifespan,
-        exception_handlers={SagaError: dashboard.failed, ValueError: dashboard.failed},
+        exception_handlers={
+            SagaError: dashboard.failed,
+            ValueError: dashboard.failed,
+            QueryCanceled: dashboard.too_long,
+        },
     )
 
 

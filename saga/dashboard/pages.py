@@ -5,6 +5,7 @@ operations layer (the same queries as ``saga list``, ``saga show``, ``saga stats
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -58,27 +59,44 @@ class ServiceOverview:
         return sum(group.letters for group in self.letters)
 
 
-def overview(databases: Databases) -> list[ServiceOverview]:
-    """Per service: sagas by name and status, starts and ends per minute over the last
-    hour, the oldest running and longest waiting sagas, pending dead letters."""
+def _per_service(
+    databases: Databases, fill: Callable[[ServiceOverview, psycopg.Connection[Any], str], None]
+) -> list[ServiceOverview]:
+    """A view per service, filled by ``fill``; a database that fails says so in its view."""
     found = []
     for service in databases.services:
         view = ServiceOverview(service)
-        schema = databases.database(service).schema
         try:
             with databases.connect(service) as conn:
-                figures = collect(
-                    conn, schema, window=timedelta(hours=1), stuck_after=timedelta(minutes=15)
-                )
-                view.counts = figures.counts
-                view.minutes = per_minute(conn, schema)
-                view.oldest = oldest_running(conn, schema, LIST_LIMIT)
-                view.waiting = longest_waiting(conn, schema, LIST_LIMIT)
-                view.letters = DeadLetterStore(schema).groups(conn)
+                fill(view, conn, databases.database(service).schema)
         except (DatabaseUnavailable, psycopg.Error) as exc:
             view.error = str(exc)
         found.append(view)
     return found
+
+
+def _letter_groups(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) -> None:
+    view.letters = DeadLetterStore(schema).groups(conn)
+
+
+def _figures(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) -> None:
+    figures = collect(conn, schema, window=timedelta(hours=1), stuck_after=timedelta(minutes=15))
+    view.counts = figures.counts
+    view.minutes = per_minute(conn, schema)
+    view.oldest = oldest_running(conn, schema, LIST_LIMIT)
+    view.waiting = longest_waiting(conn, schema, LIST_LIMIT)
+    _letter_groups(view, conn, schema)
+
+
+def overview(databases: Databases) -> list[ServiceOverview]:
+    """Per service: sagas by name and status, starts and ends per minute over the last
+    hour, the oldest running and longest waiting sagas, pending dead letters."""
+    return _per_service(databases, _figures)
+
+
+def letter_groups(databases: Databases) -> list[ServiceOverview]:
+    """Per service: pending dead letters by consumer, reason and error type."""
+    return _per_service(databases, _letter_groups)
 
 
 def activity_chart(views: list[ServiceOverview]) -> dict[str, Any]:

@@ -53,8 +53,13 @@ def parse_databases(specs: Sequence[str], schema: str) -> list[ServiceDatabase]:
     return list(found.values())
 
 
+#: A page's query that runs longer is cancelled (a text search over a whole large table).
+STATEMENT_TIMEOUT_S = 20
+
+
 class Databases:
-    """A pool of connections (autocommit) per service database, opened lazily."""
+    """A pool of connections (autocommit) per service database, opened lazily; each
+    statement is cancelled after :data:`STATEMENT_TIMEOUT_S`."""
 
     def __init__(self, databases: Sequence[ServiceDatabase], pool_size: int = 4) -> None:
         self.by_service = {db.service: db for db in databases}
@@ -63,7 +68,10 @@ class Databases:
                 db.url,
                 min_size=1,
                 max_size=pool_size,
-                kwargs={"autocommit": True},
+                kwargs={
+                    "autocommit": True,
+                    "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000}",
+                },
                 open=False,
                 name=f"dashboard-{db.service}",
             )

@@ -20,6 +20,7 @@ from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.supervisor import Supervisor
 from tests.support.browser import Screenshots, chromium, dashboard_process
+from tests.support.example_cluster import gateway_answers
 from tests.support.wait import wait_until
 
 TOKEN = "dashboard-token-for-tests"
@@ -28,14 +29,6 @@ GOOD_ORDERS = 6
 
 def _text(driver: WebDriver, css: str) -> str:
     return str(driver.find_element(By.CSS_SELECTOR, css).text)
-
-
-def _gateway_answers(gateway: GatewayClient) -> bool:
-    try:
-        gateway.calls()
-    except OSError:
-        return False
-    return True
 
 
 def test_an_operator_finds_a_held_saga_replays_its_letter_and_sees_it_complete(
@@ -48,7 +41,7 @@ def test_an_operator_finds_a_held_saga_replays_its_letter_and_sees_it_complete(
     gateway = GatewayClient(order_system.gateway_url)
     databases = {s: order_system.database_urls[s] for s in SERVICES}
     try:
-        wait_until(lambda: _gateway_answers(gateway), timeout=30, what="the payment gateway")
+        wait_until(lambda: gateway_answers(gateway), timeout=30, what="the payment gateway")
         good = workload.make_orders(GOOD_ORDERS, workload.FailureRates(0, 0, 0, 0), prefix="ok")
         workload.submit(order_system, good)
         wait_until(

@@ -21,6 +21,7 @@ from saga.engine.state import SagaRecord
 from saga.engine.store import SagaStore
 from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.services import EFFECTS_DDL, Ping
 
@@ -224,8 +225,10 @@ def test_the_list_filters_and_pages_through_every_saga_once(
     assert len(seen) == 130 == len(set(seen))  # three pages, none twice, none missed
     compensated = dashboard.get("/sagas?service=trips&status=compensated").text
     assert compensated.count('class="saga-row"') == 13
-    by_text = dashboard.get("/sagas?service=trips&text=C-42").text  # case-insensitive
-    assert by_text.count('class="saga-row"') == 1 and "c-42" not in by_text  # data not listed
+    by_text = dashboard.get("/sagas?service=trips&text=c-42").text
+    assert by_text.count('class="saga-row"') == 1
+    wildcard = dashboard.get("/sagas?service=trips&text=c_4%25").text  # _ and % are literal
+    assert 'class="saga-row"' not in wildcard
     by_name = dashboard.get("/sagas?service=trips&name=refund&status=compensated").text
     assert by_name.count('class="saga-row"') == 4  # i = 30, 60, 90, 120
     one = seen[7]
@@ -246,3 +249,12 @@ def test_overview_and_dead_letter_groups(dashboard: TestClient, db: TestDatabase
     assert dashboard.get("/static/chart.umd.min.js").status_code == 200
     missing = dashboard.get(f"/sagas/trips/{uuid.uuid4()}").text
     assert "no saga" in missing
+
+
+def test_the_command_refuses_a_bad_database_list_clearly(db: TestDatabase) -> None:
+    bad = saga_cli(db.url, "dashboard", "--db", "orders=not-a-url")
+    assert bad.returncode == 2 and "is not SERVICE=URL" in bad.stderr, bad.stderr
+    twice = saga_cli(db.url, "dashboard", "--db", f"a={db.url}", "--db", f"a={db.url}")
+    assert twice.returncode == 2 and "two databases" in twice.stderr, twice.stderr
+    none = saga_cli("", "dashboard")
+    assert none.returncode == 2 and "no database" in none.stderr, none.stderr
