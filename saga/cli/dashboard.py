@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from saga.cli.common import BrokerUrlOption, SchemaOption, console, err_console, settings_from
+from saga.broker.transport import BrokerConfig, Topology
+from saga.cli.common import (
+    BrokerUrlOption,
+    QueuePrefixOption,
+    SchemaOption,
+    console,
+    err_console,
+    settings_from,
+)
 from saga.errors import ConfigurationError
 from saga.settings import ENV_DATABASE_URL
 
@@ -33,6 +41,7 @@ def dashboard(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
     broker_url: BrokerUrlOption = None,
+    queue_prefix: QueuePrefixOption = "saga.",
     schema: SchemaOption = None,
 ) -> None:
     """Web pages for operators: overview, sagas, a saga's timeline, dead letters.
@@ -54,7 +63,9 @@ def dashboard(
     specs = database_urls or ([settings.database_url] if settings.database_url else [])
     databases = Databases(parse_databases(specs, settings.db_schema))
     guard = Guard(os.environ.get(ENV_TOKEN) or None)
-    app = create_app(DashboardConfig(databases, guard, settings.broker_url))
+    broker = BrokerConfig(settings.broker_url) if settings.broker_url else None
+    topology = Topology(queue_prefix=queue_prefix)
+    app = create_app(DashboardConfig(databases, guard, broker, topology))
     if host not in LOOPBACK:
         err_console.print(
             f"[yellow]listening on {host}: other hosts can reach this dashboard[/yellow]"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard import actions, pages
 from saga.dashboard.security import SESSION_COOKIE, Guard
 from saga.dashboard.sources import STATEMENT_TIMEOUT_S, Databases
 from saga.engine.store import SagaFilter
-from saga.errors import ActionRefused, SagaError
+from saga.errors import ActionRefused, DatabaseUnavailable, SagaError
 from saga.messaging.dead_letters import DeadLetterFilter
 
 HERE = Path(__file__).resolve().parent
@@ -36,7 +37,9 @@ HERE = Path(__file__).resolve().parent
 class DashboardConfig:
     databases: Databases
     guard: Guard
-    broker_url: str | None = None
+    #: The broker whose queues the overview shows (None: none shown).
+    broker: BrokerConfig | None = None
+    topology: Topology = field(default_factory=Topology)
 
 
 def _ago(moment: datetime | None) -> str:
@@ -84,16 +87,18 @@ class Dashboard:
     async def overview(self, request: Request) -> Response:
         views = await run_in_threadpool(pages.overview, self.databases)
         try:
-            queues = await run_in_threadpool(pages.queues, self.config.broker_url)
+            queues = await run_in_threadpool(
+                pages.queues, self.config.broker, self.config.topology, self.databases.services
+            )
             queue_error = None
-        except Exception as exc:  # the broker's database is down: say so on the page
+        except DatabaseUnavailable as exc:  # the broker is down: say so on the page
             queues, queue_error = None, str(exc)
         context = {
             "views": views,
             "chart": pages.activity_chart(views),
             "queues": queues,
             "queue_error": queue_error,
-            "broker_given": bool(self.config.broker_url),
+            "queue_prefix": self.config.topology.queue_prefix,
         }
         return self.render(request, "overview.html", context)
 

@@ -15,14 +15,15 @@ import psycopg
 from pydantic import ValidationError
 
 from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
-from saga.broker.transport import BrokerConfig
+from saga.broker.queue_depths import waiting_messages
+from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard.sources import Databases
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary
 from saga.engine.store import SagaFilter, SagaStore
 from saga.errors import DatabaseUnavailable, DeadLetterNotFound, NotReplayable, UnknownSaga
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterGroup, DeadLetterStore
 from saga.messaging.envelope import Envelope
-from saga.observability.redaction import mask
+from saga.observability.redaction import mask, password_of, redact_text
 from saga.operations.replay import outgoing_for, superseded
 from saga.operations.saga_messages import SagaMessages, received_at, saga_messages
 from saga.operations.stats import (
@@ -115,13 +116,27 @@ def activity_chart(views: list[ServiceOverview]) -> dict[str, Any]:
     }
 
 
-def queues(broker_url: str | None) -> dict[str, BrokerQueue] | None:
-    """The PostgreSQL broker's queues; None when no broker is given or it cannot tell
-    (RabbitMQ and Redis: read their own management tools)."""
-    if not broker_url or not BrokerConfig(broker_url).is_postgres:
+@dataclass(frozen=True, slots=True)
+class Queues:
+    """What the broker tells of the services' queues: everything a PostgreSQL broker
+    knows (``detailed``), or the messages waiting in each queue of RabbitMQ or Redis."""
+
+    detailed: dict[str, BrokerQueue] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+
+
+def queues(broker: BrokerConfig | None, topology: Topology, services: list[str]) -> Queues | None:
+    """The broker's queues, or None when no broker is given."""
+    if broker is None:
         return None
-    with psycopg.connect(broker_url, autocommit=True, connect_timeout=5) as conn:
-        return broker_queues(conn, BROKER_SCHEMA)
+    try:
+        if broker.is_postgres:
+            with psycopg.connect(broker.url, autocommit=True, connect_timeout=5) as conn:
+                return Queues(detailed=broker_queues(conn, BROKER_SCHEMA))
+        return Queues(waiting=waiting_messages(broker, topology, services))
+    except Exception as exc:  # any broker or driver error: shown on the page, redacted
+        text = redact_text(str(exc), password_of(broker.url))
+        raise DatabaseUnavailable(f"the broker did not answer: {text}") from None
 
 
 @dataclass(frozen=True, slots=True)

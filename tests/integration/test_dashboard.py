@@ -21,6 +21,7 @@ from saga.engine.state import SagaRecord
 from saga.engine.store import SagaStore
 from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
+from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.services import EFFECTS_DDL, Ping
@@ -258,3 +259,18 @@ def test_the_command_refuses_a_bad_database_list_clearly(db: TestDatabase) -> No
     assert twice.returncode == 2 and "two databases" in twice.stderr, twice.stderr
     none = saga_cli("", "dashboard")
     assert none.returncode == 2 and "no database" in none.stderr, none.stderr
+
+
+def test_the_overview_shows_how_many_messages_wait_in_each_queue(
+    db: TestDatabase, any_broker: TestBroker
+) -> None:
+    any_broker.publish_many("trips", [b'{"n": 1}', b'{"n": 2}', b'{"n": 3}'])
+    databases = Databases([ServiceDatabase("trips", db.url), ServiceDatabase("bank", db.url)])
+    config = DashboardConfig(databases, Guard(None), any_broker.config, any_broker.topology)
+    with TestClient(create_app(config)) as client:
+        page = client.get("/").text
+    queues = page.split('id="queues"')[1]
+    queue = re.escape(any_broker.topology.queue_name("trips"))
+    assert re.search(queue + r'</td><td class="num">3</td>', queues), queues
+    assert "problem" not in queues
+    assert any_broker.topology.queue_name("bank") not in queues  # no queue: not invented
