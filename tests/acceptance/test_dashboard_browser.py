@@ -57,8 +57,10 @@ def test_an_operator_finds_a_held_saga_replays_its_letter_and_sees_it_complete(
             timeout=120,
             what="the saga held at charge_payment",
         )
+        broker = ("--broker-url", order_system.broker_url,
+                  "--queue-prefix", order_system.queue_prefix)  # fmt: skip
         with (
-            dashboard_process(databases, tmp_path, TOKEN) as base,
+            dashboard_process(databases, tmp_path, TOKEN, *broker) as base,
             chromium() as browser,
         ):
             shots = Screenshots(browser, tmp_path)
@@ -67,6 +69,8 @@ def test_an_operator_finds_a_held_saga_replays_its_letter_and_sees_it_complete(
             assert "create_order" in orders and "completed" in orders, orders
             assert "step_dead_lettered" in orders
             assert _text(browser, "#service-payments .big") == "1"
+            queues = _text(browser, "#queues")
+            assert f"{order_system.queue_prefix}payments" in queues, queues
             shots.take("overview")
 
             browser.get(base + "/sagas")
