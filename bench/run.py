@@ -22,6 +22,7 @@ from rich.markup import escape
 from bench import (
     broker_baseline,
     ceiling,
+    dashboard_latency,
     peer_celery,
     peer_dbos,
     pg_broker,
@@ -330,6 +331,31 @@ def _versus(full: saga_e2e.Measurement, figures: Figures) -> str:
     return "; ".join(parts)
 
 
+def _dashboard(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """Each dashboard page's p95 over HTTP with ``--dashboard-sagas`` sagas stored."""
+    label = f"dashboard pages with {args.dashboard_sagas:,} sagas"
+    found, failed = _attempt(label, lambda: dashboard_latency.measure(args.dashboard_sagas))
+    if found is None:
+        return [(label, "not measured", failed)]
+    pages, filled = found
+    figures["dashboard_sagas"] = args.dashboard_sagas
+    figures["dashboard_fill_s"] = round(filled)
+    rows = []
+    target = dashboard_latency.TARGET_MS
+    for page, figure in pages.items():
+        key = "dashboard_" + "".join(c if c.isalnum() else "_" for c in page).strip("_")
+        figures[f"{key}_p95_ms"] = figure["p95_ms"]
+        verdict = "under" if figure["p95_ms"] < target else "OVER"
+        rows.append(
+            (
+                f"dashboard: {page} ({args.dashboard_sagas:,} sagas)",
+                f"p95 {figure['p95_ms']:.0f} ms (p50 {figure['p50_ms']:.0f} ms)",
+                f"{verdict} the {target:.0f} ms target; over HTTP, {len(pages)} pages",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=50_000, help="messages per measurement")
@@ -361,23 +387,28 @@ def main() -> None:
         action="store_true",
         help="measure the three-step saga on PostgreSQL as the broker and on RabbitMQ alone",
     )
+    parser.add_argument(
+        "--only-dashboard",
+        action="store_true",
+        help="measure the dashboard's list and detail pages alone (bench.dashboard_latency)",
+    )
+    parser.add_argument(
+        "--dashboard-sagas", type=int, default=1_000_000, help="sagas stored for the dashboard"
+    )
     args = parser.parse_args()
-    if args.only_pg_broker:
-        figures_pg: Figures = {}
-        path = report.write(figures_pg, _pg_broker(args, figures_pg), machine(), name="pg-broker")
-        console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
-        return
-    if args.only_saga_sql:
-        figures_sql: Figures = {}
-        path = report.write(figures_sql, _saga_sql(args, figures_sql), machine(), name="saga-sql")
-        console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
-        return
-    if args.only_sagas:
-        figures: Figures = {}
-        rows = _sagas(args, figures)
-        path = report.write(figures, rows, machine(), name="sagas")
-        console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
-        return
+    partial = {
+        "pg-broker": (args.only_pg_broker, _pg_broker),
+        "saga-sql": (args.only_saga_sql, _saga_sql),
+        "sagas": (args.only_sagas, _sagas),
+        "dashboard": (args.only_dashboard, _dashboard),
+    }
+    for name, (chosen, measure) in partial.items():
+        if chosen:
+            figures_alone: Figures = {}
+            rows_alone = measure(args, figures_alone)
+            path = report.write(figures_alone, rows_alone, machine(), name=name)
+            console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)
+            return
 
     with console.status("raw broker publishes (per-message confirms)"):
         confirm = broker_baseline.publish_rate(min(args.messages, 5_000), "confirm")
@@ -419,6 +450,7 @@ def main() -> None:
     rows += _pg_broker(args, figures)
     rows += _sagas(args, figures)
     rows += _saga_sql(args, figures)
+    rows += _dashboard(args, figures)
     _ratios(figures)
     path = report.write(figures, rows, machine())
     console.print(path.read_text(), soft_wrap=True, markup=False, highlight=False)

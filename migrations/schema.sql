@@ -215,3 +215,21 @@ CREATE TABLE inbox_replies (
     PRIMARY KEY (consumer, message_id, reply_id)
 );
 CREATE INDEX inbox_replies_sent_at ON inbox_replies USING brin (sent_at);
+
+-- The dashboard's saga list: newest first, keyset pages (with or without a status filter).
+CREATE INDEX saga_instances_started ON saga_instances (started_at, id);
+CREATE INDEX saga_instances_status_started ON saga_instances (status, started_at, id);
+CREATE INDEX dead_letters_saga ON dead_letters (saga_id) WHERE saga_id IS NOT NULL;
+CREATE INDEX inbox_replies_saga ON inbox_replies (saga_id) WHERE saga_id IS NOT NULL;
+
+-- Every action taken from the dashboard: who, when, what, and how it ended.
+CREATE TABLE dashboard_actions (
+    id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    acted_at  timestamptz NOT NULL DEFAULT now(),
+    operator  text        NOT NULL,
+    client    text,
+    action    text        NOT NULL CHECK (action IN ('replay', 'purge', 'cancel', 'resume')),
+    target    jsonb       NOT NULL,
+    result    text        NOT NULL
+);
+CREATE INDEX dashboard_actions_acted_at ON dashboard_actions USING brin (acted_at);

@@ -167,6 +167,11 @@ class NotResumable(SagaError):
     """The saga is finished, or still making progress."""
 
 
+class ActionRefused(SagaError):
+    """A dashboard action without a valid operator session and CSRF token (or on a
+    dashboard started without ``SAGA_DASHBOARD_TOKEN``, which is read-only)."""
+
+
 class Rejection(SagaError):
     """A delivery that cannot be handled, with the reason it was turned away."""
 

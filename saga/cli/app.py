@@ -6,7 +6,20 @@ import sys
 
 import typer
 
-from saga.cli import cancel, consume, db, demo, dlq, relay, resume, sagas, signal, stats, versions
+from saga.cli import (
+    cancel,
+    consume,
+    dashboard,
+    db,
+    demo,
+    dlq,
+    relay,
+    resume,
+    sagas,
+    signal,
+    stats,
+    versions,
+)
 from saga.cli.common import err_console
 from saga.errors import ConfigurationError, SagaError
 
@@ -30,6 +43,7 @@ app.command("signal")(signal.signal)
 app.command("versions")(versions.versions)
 app.command("migrate-instances")(versions.migrate_instances)
 app.command("demo")(demo.demo)
+app.command("dashboard")(dashboard.dashboard)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from saga.cli.common import (
 )
 from saga.cli.durations import parse_duration
 from saga.engine.state import SagaRecord, SagaStatus
-from saga.engine.store import SagaStore
+from saga.engine.store import SagaFilter, SagaStore
 from saga.errors import UnknownSaga
 
 STATUS_STYLE = {
@@ -64,8 +64,7 @@ def list_sagas(
         raise typer.BadParameter(f"unknown status {status!r}", param_hint="--status")
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn:
-        rows = SagaStore(settings.db_schema).list(
-            conn,
+        where = SagaFilter(
             status=status,
             name=name,
             older_than=parse_duration(older_than),
@@ -74,6 +73,7 @@ def list_sagas(
             data=data_filter(data or []),
             limit=limit,
         )
+        rows = SagaStore(settings.db_schema).list(conn, where)
     if as_json:
         print(
             json.dumps(

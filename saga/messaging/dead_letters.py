@@ -47,6 +47,11 @@ LIMIT %(limit)s
 """
 )
 
+_GROUPS = """
+SELECT consumer, reason, error_type, letters, oldest, newest FROM {schema}.dead_letter_summary
+ORDER BY letters DESC, consumer, reason, error_type
+"""
+
 _LOCK = "SELECT id FROM {schema}.dead_letters WHERE id = ANY(%s) FOR UPDATE"
 
 _MARK_REPLAYED = """
@@ -90,6 +95,18 @@ class DeadLetterRow:
     status: str
     replay_count: int
     last_replayed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterGroup:
+    """Pending dead letters of one consumer, reason and error type (how they are triaged)."""
+
+    consumer: str
+    reason: str
+    error_type: str
+    letters: int
+    oldest: datetime
+    newest: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +166,7 @@ class DeadLetterStore:
         self._dead_letter = render(_DEAD_LETTER, schema)
         self._list = render(_LIST, schema)
         self._lock = render(_LOCK, schema)
+        self._groups = render(_GROUPS, schema)
         self._mark_replayed = render(_MARK_REPLAYED, schema)
         self._record_replay = render(_RECORD_REPLAY, schema)
         self._purge = render(_PURGE, schema)
@@ -192,6 +210,10 @@ class DeadLetterStore:
             },
         ).fetchall()
         return [_row(list(values)) for values in rows]
+
+    def groups(self, conn: psycopg.Connection[Any]) -> list[DeadLetterGroup]:
+        """Pending letters grouped by consumer, reason and error type, largest group first."""
+        return [DeadLetterGroup(*row) for row in conn.execute(self._groups)]
 
     def get(self, conn: psycopg.Connection[Any], letter_id: int) -> DeadLetterRow | None:
         found = self.find(conn, DeadLetterFilter(ids=[letter_id], status=None, limit=1))

@@ -32,6 +32,7 @@ _TABLES = (
     "side_effects",
     "closed_steps",
     "schema_migrations",
+    "dashboard_actions",
 )
 
 
@@ -69,6 +70,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("DELETE", "inbox_replies", operator),
         ("DELETE", "claim_checks", operator),
         ("DELETE", "closed_steps", operator),
+        ("INSERT", "dashboard_actions", operator),  # what operators did from the dashboard
     ]
     return grants
 

@@ -1,18 +1,29 @@
-"""Figures about sagas for ``saga stats`` (counts, durations, oldest, stuck), and the
-queues of a PostgreSQL broker (depth, oldest message's age)."""
+"""Figures about sagas for ``saga stats`` and the dashboard's overview (counts, durations,
+oldest, stuck, waiting, starts and ends per minute), and the queues of a PostgreSQL broker
+(depth, oldest message's age)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
 from saga.db.sql import render
 from saga.observability.broker_queues import BrokerQueue, broker_queues
 
-__all__ = ["BrokerQueue", "SagaStats", "broker_queues", "collect"]
+__all__ = [
+    "BrokerQueue",
+    "SagaStats",
+    "SagaWaiting",
+    "broker_queues",
+    "collect",
+    "longest_waiting",
+    "oldest_running",
+    "per_minute",
+]
 
 _COUNTS = "SELECT name, status, count(*) FROM {schema}.saga_instances GROUP BY 1, 2 ORDER BY 1, 2"
 
@@ -41,6 +52,62 @@ _STUCK_COUNT = """
 SELECT count(*) FROM {schema}.saga_instances
 WHERE status IN ('running', 'compensating') AND updated_at < now() - %s::interval
 """
+
+_PER_MINUTE = """
+SELECT m,
+       (SELECT count(*) FROM {schema}.saga_instances
+        WHERE started_at >= m AND started_at < m + interval '1 minute'),
+       (SELECT count(*) FROM {schema}.saga_instances
+        WHERE finished_at >= m AND finished_at < m + interval '1 minute')
+FROM generate_series(date_trunc('minute', now()) - %(span)s::interval + interval '1 minute',
+                     date_trunc('minute', now()), interval '1 minute') AS m
+ORDER BY m
+"""
+
+_OLDEST_RUNNING = """
+SELECT id, name, status, step, started_at, updated_at, waiting_for
+FROM {schema}.saga_instances
+WHERE status IN ('running', 'compensating') AND waiting_for IS NULL
+ORDER BY started_at, id LIMIT %s
+"""
+
+_LONGEST_WAITING = """
+SELECT id, name, status, step, started_at, coalesce(step_started_at, updated_at), waiting_for
+FROM {schema}.saga_instances
+WHERE waiting_for IS NOT NULL
+ORDER BY coalesce(step_started_at, updated_at), id LIMIT %s
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SagaWaiting:
+    """A saga that has not finished: running since ``started_at``, idle since ``since``,
+    waiting for the event ``waiting_for`` (if any)."""
+
+    id: UUID
+    name: str
+    status: str
+    step: str | None
+    started_at: datetime
+    since: datetime
+    waiting_for: str | None
+
+
+def per_minute(
+    conn: psycopg.Connection[Any], schema: str, span: timedelta = timedelta(hours=1)
+) -> list[tuple[datetime, int, int]]:
+    """(minute, sagas started, sagas finished) for each minute of the last ``span``."""
+    return conn.execute(render(_PER_MINUTE, schema), {"span": span}).fetchall()
+
+
+def oldest_running(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[SagaWaiting]:
+    """The running or compensating sagas (not waiting for an event) started longest ago."""
+    return [SagaWaiting(*row) for row in conn.execute(render(_OLDEST_RUNNING, schema), (limit,))]
+
+
+def longest_waiting(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[SagaWaiting]:
+    """The sagas waiting for an event (a signal, a timer) the longest."""
+    return [SagaWaiting(*row) for row in conn.execute(render(_LONGEST_WAITING, schema), (limit,))]
 
 
 @dataclass

@@ -83,3 +83,31 @@ def test_saga_demo_runs_from_an_installed_wheel_in_an_empty_folder(tmp_path: Pat
     assert "business invariants hold" in out
     assert "demo finished in" in out
     assert (folder / ".demo" / "logs").is_dir()
+
+
+DASHBOARD_FROM_THE_WHEEL = """
+import saga.dashboard
+from starlette.testclient import TestClient
+from saga.dashboard.app import DashboardConfig, create_app
+from saga.dashboard.security import Guard
+from saga.dashboard.sources import Databases, ServiceDatabase
+
+databases = Databases([ServiceDatabase("orders", "postgresql://127.0.0.1:1/nowhere")])
+with TestClient(create_app(DashboardConfig(databases, Guard(None)))) as client:
+    for asset in ("chart.umd.min.js", "chart.js.LICENSE.md", "dashboard.js", "dashboard.css"):
+        assert client.get("/static/" + asset).status_code == 200, asset
+    page = client.get("/login").text
+    assert "read-only" in page and "chart.umd.min.js" in page, page
+print(saga.dashboard.__file__)
+"""
+
+
+def test_the_dashboard_serves_its_templates_and_assets_from_an_installed_wheel(
+    tmp_path: Path,
+) -> None:
+    venv = fresh_venv(tmp_path, build_wheel(tmp_path))
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_") and k != "PYTHONPATH"}
+    result = run([str(venv / "bin" / "python"), "-c", DASHBOARD_FROM_THE_WHEEL], folder, env)
+    assert result.stdout.strip().startswith(str(venv)), result.stdout

@@ -18,7 +18,7 @@ from examples.order_saga.cluster import Cluster
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.supervisor import Supervisor
 from tests.support.cli import saga_cli
-from tests.support.example_cluster import settle
+from tests.support.example_cluster import gateway_answers, settle
 from tests.support.wait import wait_until
 
 ORDERS = 20
@@ -31,16 +31,8 @@ def _start(system: Cluster, tmp_path: Path, on_dead_letter: str) -> Supervisor:
     )
     supervisor = Supervisor(system.commands(), tmp_path)
     gateway = GatewayClient(system.gateway_url)
-    wait_until(lambda: _answers(gateway), timeout=30, what="the payment gateway")
+    wait_until(lambda: gateway_answers(gateway), timeout=30, what="the payment gateway")
     return supervisor
-
-
-def _answers(gateway: GatewayClient) -> bool:
-    try:
-        gateway.calls()
-    except OSError:
-        return False
-    return True
 
 
 def _every_charge_dead_lettered(system: Cluster) -> bool:

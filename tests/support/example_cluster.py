@@ -10,7 +10,7 @@ from pathlib import Path
 from consumers import ConsumerOptions, ServiceRunner
 from examples.order_saga import workload
 from examples.order_saga.cluster import SERVICES, Cluster
-from examples.order_saga.gateway import GatewayServer
+from examples.order_saga.gateway import GatewayClient, GatewayServer
 from examples.order_saga.processes import SagaProcess
 from examples.order_saga.supervisor import Supervisor
 from saga.cli.loading import load_service
@@ -31,6 +31,15 @@ def make_cluster(factory: DatabaseFactory, broker: TestBroker) -> tuple[Cluster,
     )
     system.prepare()
     return system, [d.name for d in databases.values()]
+
+
+def gateway_answers(gateway: GatewayClient) -> bool:
+    """True once the fake payment gateway answers."""
+    try:
+        gateway.calls()
+    except OSError:
+        return False
+    return True
 
 
 @contextmanager

@@ -29,6 +29,7 @@ LAYERS = [
     "saga.broker",
     "saga.settings",
     "saga",
+    "saga.dashboard",
     "outbox_relay",
     "consumers",
     "saga.testing",

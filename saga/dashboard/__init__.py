@@ -1,0 +1,1 @@
+"""``saga dashboard``: web pages for operators over one or more services' databases."""

@@ -1,0 +1,325 @@
+"""What each read-only page shows, gathered from the services' databases through the
+operations layer (the same queries as ``saga list``, ``saga show``, ``saga stats`` and
+``saga dlq``), with sensitive fields masked as the CLI masks them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from pydantic import ValidationError
+
+from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.queue_depths import waiting_messages
+from saga.broker.transport import BrokerConfig, Topology
+from saga.dashboard.sources import Databases
+from saga.engine.state import SagaRecord, SagaStatus, SagaSummary
+from saga.engine.store import SagaFilter, SagaStore
+from saga.errors import DatabaseUnavailable, DeadLetterNotFound, NotReplayable, UnknownSaga
+from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterGroup, DeadLetterStore
+from saga.messaging.envelope import Envelope
+from saga.observability.redaction import mask, password_of, redact_text
+from saga.operations.replay import outgoing_for, superseded
+from saga.operations.saga_messages import SagaMessages, received_at, saga_messages
+from saga.operations.stats import (
+    BrokerQueue,
+    SagaWaiting,
+    broker_queues,
+    collect,
+    longest_waiting,
+    oldest_running,
+    per_minute,
+)
+
+PAGE_SIZE = 50
+#: The overview's lists of oldest running and longest waiting sagas.
+LIST_LIMIT = 10
+
+
+def masked_json(value: Any) -> str:
+    return json.dumps(mask(value), indent=2, default=str)
+
+
+@dataclass
+class ServiceOverview:
+    service: str
+    error: str | None = None
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    minutes: list[tuple[datetime, int, int]] = field(default_factory=list)
+    oldest: list[SagaWaiting] = field(default_factory=list)
+    waiting: list[SagaWaiting] = field(default_factory=list)
+    letters: list[DeadLetterGroup] = field(default_factory=list)
+
+    @property
+    def pending_letters(self) -> int:
+        return sum(group.letters for group in self.letters)
+
+
+def _per_service(
+    databases: Databases, fill: Callable[[ServiceOverview, psycopg.Connection[Any], str], None]
+) -> list[ServiceOverview]:
+    """A view per service, filled by ``fill``; a database that fails says so in its view."""
+    found = []
+    for service in databases.services:
+        view = ServiceOverview(service)
+        try:
+            with databases.connect(service) as conn:
+                fill(view, conn, databases.database(service).schema)
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            view.error = str(exc)
+        found.append(view)
+    return found
+
+
+def _letter_groups(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) -> None:
+    view.letters = DeadLetterStore(schema).groups(conn)
+
+
+def _figures(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) -> None:
+    figures = collect(conn, schema, window=timedelta(hours=1), stuck_after=timedelta(minutes=15))
+    view.counts = figures.counts
+    view.minutes = per_minute(conn, schema)
+    view.oldest = oldest_running(conn, schema, LIST_LIMIT)
+    view.waiting = longest_waiting(conn, schema, LIST_LIMIT)
+    _letter_groups(view, conn, schema)
+
+
+def overview(databases: Databases) -> list[ServiceOverview]:
+    """Per service: sagas by name and status, starts and ends per minute over the last
+    hour, the oldest running and longest waiting sagas, pending dead letters."""
+    return _per_service(databases, _figures)
+
+
+def letter_groups(databases: Databases) -> list[ServiceOverview]:
+    """Per service: pending dead letters by consumer, reason and error type."""
+    return _per_service(databases, _letter_groups)
+
+
+def activity_chart(views: list[ServiceOverview]) -> dict[str, Any]:
+    """Sagas started and finished per minute, summed over the services (Chart.js data)."""
+    started: dict[datetime, int] = {}
+    finished: dict[datetime, int] = {}
+    for view in views:
+        for minute, begun, ended in view.minutes:
+            started[minute] = started.get(minute, 0) + begun
+            finished[minute] = finished.get(minute, 0) + ended
+    minutes = sorted(started)
+    return {
+        "labels": [m.astimezone(UTC).strftime("%H:%M") for m in minutes],
+        "started": [started[m] for m in minutes],
+        "finished": [finished[m] for m in minutes],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Queues:
+    """What the broker tells of the services' queues: everything a PostgreSQL broker
+    knows (``detailed``), or the messages waiting in each queue of RabbitMQ or Redis."""
+
+    detailed: dict[str, BrokerQueue] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+
+
+def queues(broker: BrokerConfig | None, topology: Topology, services: list[str]) -> Queues | None:
+    """The broker's queues, or None when no broker is given."""
+    if broker is None:
+        return None
+    try:
+        if broker.is_postgres:
+            with psycopg.connect(broker.url, autocommit=True, connect_timeout=5) as conn:
+                return Queues(detailed=broker_queues(conn, BROKER_SCHEMA))
+        return Queues(waiting=waiting_messages(broker, topology, services))
+    except Exception as exc:  # any broker or driver error: shown on the page, redacted
+        text = redact_text(str(exc), password_of(broker.url))
+        raise DatabaseUnavailable(f"the broker did not answer: {text}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SagaPage:
+    rows: list[SagaSummary]
+    next_after: str | None
+
+
+def encode_after(row: SagaSummary) -> str:
+    return f"{row.started_at.isoformat()}_{row.id}"
+
+
+def decode_after(text: str) -> tuple[datetime, UUID]:
+    moment, _, saga_id = text.rpartition("_")
+    try:
+        return datetime.fromisoformat(moment), UUID(saga_id)
+    except ValueError:
+        raise ValueError(f"bad page cursor {text!r}") from None
+
+
+def saga_page(databases: Databases, service: str, where: SagaFilter) -> SagaPage:
+    """One page of sagas, newest first, and the cursor of the next page (if any)."""
+    schema = databases.database(service).schema
+    one_more = replace(where, limit=where.limit + 1)
+    with databases.connect(service) as conn:
+        rows = SagaStore(schema).list(conn, one_more)
+    more = len(rows) > where.limit
+    rows = rows[: where.limit]
+    return SagaPage(rows, encode_after(rows[-1]) if more else None)
+
+
+@dataclass
+class SagaDetail:
+    service: str
+    record: SagaRecord
+    steps: list[dict[str, Any]]
+    data_json: str
+    chart: dict[str, Any]
+    messages: dict[str, SagaMessages]
+    received: dict[UUID, datetime]
+    unreachable: dict[str, str]
+
+
+def saga_detail(databases: Databases, service: str, saga_id: UUID) -> SagaDetail:
+    """A saga, its timeline as bars, its masked data, and its messages in every database."""
+    schema = databases.database(service).schema
+    store = SagaStore(schema)
+    with databases.connect(service) as conn:
+        record = store.load(conn, saga_id)
+        if record is None:
+            raise UnknownSaga(f"no saga {saga_id} in {service}'s database")
+        timeline = store.timeline(conn, saga_id)
+    origin = record.started_at or datetime.now(UTC)  # always set once stored
+    steps = [_step(row, origin) for row in timeline]
+    messages: dict[str, SagaMessages] = {}
+    unreachable: dict[str, str] = {}
+    for other in databases.services:
+        try:
+            with databases.connect(other) as conn:
+                messages[other] = saga_messages(conn, databases.database(other).schema, saga_id)
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            unreachable[other] = str(exc)
+    reply_ids = [r.reply_id for found in messages.values() for r in found.replies]
+    with databases.connect(service) as conn:
+        received = received_at(conn, schema, record.service, reply_ids)
+    return SagaDetail(
+        service,
+        record,
+        steps,
+        masked_json(record.data),
+        _timeline_chart(record, origin, steps),
+        messages,
+        received,
+        unreachable,
+    )
+
+
+def _step(row: tuple[Any, ...], saga_start: datetime) -> dict[str, Any]:
+    step, phase, attempt, outcome, started, finished, error, message_id = row
+    return {
+        "step": step,
+        "phase": phase,
+        "attempt": attempt,
+        "outcome": outcome,
+        "started_at": started,
+        "finished_at": finished,
+        "offset_ms": (started - saga_start).total_seconds() * 1000,
+        "duration_ms": (finished - started).total_seconds() * 1000,
+        "error": error,
+        "message_id": message_id,
+    }
+
+
+_BAR_COLOURS = {
+    "forward": "#3b82f6",
+    "compensation": "#a855f7",
+    "retrying": "#f59e0b",
+    "failed": "#dc2626",
+    "waiting": "#9ca3af",
+}
+
+
+def _timeline_chart(
+    record: SagaRecord, origin: datetime, steps: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Chart.js floating bars: one per step attempt on a time axis (ms since the start),
+    coloured by kind: forward, compensation, retry, failure, and the current wait."""
+    labels, bars, colours = [], [], []
+    for i, s in enumerate(steps, 1):
+        kind = "compensation" if s["phase"] == "compensation" else "forward"
+        if s["outcome"] == "retrying":
+            kind = "retrying"
+        elif s["outcome"] in ("failed", "timed_out", "deadline_exceeded", "held"):
+            kind = "failed"
+        arrow = "↩" if s["phase"] == "compensation" else "→"
+        labels.append(f"{i}. {arrow} {s['step']} (try {s['attempt']}, {s['outcome']})")
+        end = s["offset_ms"] + max(s["duration_ms"], 0.5)
+        bars.append([round(s["offset_ms"], 1), round(end, 1)])
+        colours.append(_BAR_COLOURS[kind])
+    if not record.status.finished and record.step_started_at is not None:
+        start = (record.step_started_at - origin).total_seconds() * 1000
+        now = (datetime.now(UTC) - origin).total_seconds() * 1000
+        what = (
+            "waiting for an operator"
+            if record.status.needs_operator
+            else f"waiting for {record.waiting_for or 'its reply'}"
+        )
+        labels.append(f"{len(steps) + 1}. … {record.step}: {what}")
+        bars.append([round(start, 1), round(max(now, start + 0.5), 1)])
+        colours.append(_BAR_COLOURS["waiting"])
+    return {"labels": labels, "bars": bars, "colours": colours}
+
+
+@dataclass
+class LetterDetail:
+    service: str
+    letter: Any
+    payload_json: str | None
+    headers_json: str | None
+    superseded: str | None
+
+
+def letter_detail(databases: Databases, service: str, letter_id: int) -> LetterDetail:
+    """One dead letter, its payload masked (a body that is no envelope is not shown)."""
+    schema = databases.database(service).schema
+    with databases.connect(service) as conn:
+        letter = DeadLetterStore(schema).get(conn, letter_id)
+        if letter is None:
+            raise DeadLetterNotFound(f"no dead letter {letter_id} in {service}'s database")
+        moved_on = superseded(conn, [letter], schema=schema)
+    try:
+        envelope = Envelope.from_bytes(letter.body)
+    except ValidationError:
+        payload = headers = None
+    else:
+        payload = masked_json(envelope.payload)
+        headers = json.dumps(envelope.headers, indent=2)
+    return LetterDetail(service, letter, payload, headers, moved_on.get(letter.id))
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedReplay:
+    letter: Any
+    destination: str | None
+    skipped: str | None
+
+
+def replay_plan(databases: Databases, service: str, where: DeadLetterFilter) -> list[PlannedReplay]:
+    """What replaying the letters ``where`` selects would send (the dry run): each
+    letter's destination, or why it would be skipped."""
+    schema = databases.database(service).schema
+    with databases.connect(service) as conn:
+        letters = DeadLetterStore(schema).find(conn, where)
+        moved_on = superseded(conn, letters, schema=schema)
+    plan = []
+    for letter in letters:
+        try:
+            destination: str | None = outgoing_for(letter).destination
+            skipped = moved_on.get(letter.id)
+        except NotReplayable as exc:
+            destination, skipped = None, f"refused: {exc}"
+        plan.append(PlannedReplay(letter, destination, skipped))
+    return plan
+
+
+STATUSES = [status.value for status in SagaStatus]

@@ -1,0 +1,276 @@
+"""The dashboard's pages and actions over a real PostgreSQL, through its ASGI app.
+
+Every action (replay, purge, cancel, resume) is refused, changing nothing, without a
+signed-in session, without the form's CSRF token, and on a read-only dashboard.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from saga.dashboard.app import DashboardConfig, create_app
+from saga.dashboard.security import SESSION_COOKIE, Guard
+from saga.dashboard.sources import Databases, ServiceDatabase
+from saga.engine.state import SagaRecord
+from saga.engine.store import SagaStore
+from saga.messaging.envelope import Envelope
+from tests.support import sagas as trips
+from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
+from tests.support.databases import TestDatabase
+from tests.support.services import EFFECTS_DDL, Ping
+
+TOKEN = "s3cret-dashboard-token"
+
+
+def _client(db: TestDatabase, token: str | None) -> Iterator[TestClient]:
+    db.execute(EFFECTS_DDL)  # the trip saga's local steps write there
+    databases = Databases([ServiceDatabase("trips", db.url)])
+    app = create_app(DashboardConfig(databases, Guard(token)))
+    with TestClient(app, follow_redirects=False) as client:
+        yield client
+
+
+@pytest.fixture
+def dashboard(db: TestDatabase) -> Iterator[TestClient]:
+    yield from _client(db, TOKEN)
+
+
+@pytest.fixture
+def read_only(db: TestDatabase) -> Iterator[TestClient]:
+    yield from _client(db, None)
+
+
+def _sign_in(client: TestClient, operator: str = "ada") -> str:
+    """Sign in; return the CSRF token the pages' action forms carry."""
+    response = client.post("/login", data={"token": TOKEN, "operator": operator})
+    assert response.status_code == 303 and SESSION_COOKIE in response.cookies
+    page = client.get("/sagas").text
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', client.get(_any_saga_page(page)).text)
+    assert found, "no action form on a running saga's page"
+    return found.group(1)
+
+
+def _any_saga_page(list_page: str) -> str:
+    found = re.search(r'href="(/sagas/trips/[0-9a-f-]{36})"', list_page)
+    assert found
+    return found.group(1)
+
+
+def _dead_letter(db: TestDatabase, payload: dict[str, Any] | None = None) -> int:
+    envelope = Envelope.wrap(Ping(key=str(uuid.uuid4())))
+    if payload is not None:
+        envelope = envelope.model_copy(update={"payload": payload})
+    return int(
+        db.scalar(
+            "INSERT INTO saga.dead_letters (consumer, reason, message_id, message_type, "
+            "destination, content_type, body, error_type, error_message, traceback) VALUES "
+            "('bank', 'failed', %s, %s, 'bank', 'application/json', %s, 'GatewayTimeout', "
+            "'the gateway took too long', 'Traceback: gateway.py line 7') RETURNING id",
+            (envelope.message_id, envelope.type, envelope.to_bytes()),
+        )
+    )
+
+
+def _start_trip(db: TestDatabase, trip_id: str) -> uuid.UUID:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        return trips.trip.start(conn, trips.TripData(trip_id=trip_id))
+
+
+def _state(db: TestDatabase) -> tuple[Any, ...]:
+    """Everything an action could change."""
+    return (
+        db.rows("SELECT id, status, replay_count FROM saga.dead_letters ORDER BY id"),
+        db.rows("SELECT message_id FROM saga.outbox ORDER BY id"),
+        db.rows("SELECT id, status, cancel_requested, version FROM saga.saga_instances"),
+        db.scalar("SELECT count(*) FROM saga.dashboard_actions"),
+        db.scalar("SELECT count(*) FROM saga.dead_letter_replays"),
+    )
+
+
+def _action_paths(db: TestDatabase) -> dict[str, tuple[str, dict[str, str]]]:
+    saga_id = _start_trip(db, "t-actions")
+    letter = _dead_letter(db)
+    return {
+        "replay": ("/dead-letters/trips/replay", {"ids": str(letter)}),
+        "replay a group": ("/dead-letters/trips/replay", {"consumer": "bank"}),
+        "purge": ("/dead-letters/trips/purge", {"ids": str(letter)}),
+        "cancel": (f"/sagas/trips/{saga_id}/cancel", {}),
+        "resume": (f"/sagas/trips/{saga_id}/resume", {}),
+    }
+
+
+ACTIONS = ["replay", "replay a group", "purge", "cancel", "resume"]
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_an_action_without_a_session_changes_nothing(
+    dashboard: TestClient, db: TestDatabase, action: str
+) -> None:
+    path, form = _action_paths(db)[action]
+    before = _state(db)
+    csrf = Guard(TOKEN).csrf_token("mallory")  # even a right CSRF token needs the session
+    for data in ({**form}, {**form, "csrf": csrf}, {**form, "token": TOKEN}):
+        response = dashboard.post(path, data=data)
+        assert response.status_code == 403 and "sign in" in response.text, response.text
+    dashboard.cookies.set(SESSION_COOKIE, "mallory|" + "0" * 64)  # a forged session
+    response = dashboard.post(path, data={**form, "csrf": csrf})
+    assert response.status_code == 403
+    assert _state(db) == before
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_an_action_without_the_csrf_token_is_refused(
+    dashboard: TestClient, db: TestDatabase, action: str
+) -> None:
+    path, form = _action_paths(db)[action]
+    csrf = _sign_in(dashboard)
+    before = _state(db)
+    for data in ({**form}, {**form, "csrf": ""}, {**form, "csrf": csrf[:-1] + "0"}):
+        response = dashboard.post(path, data=data)
+        assert response.status_code == 403 and "CSRF" in response.text, response.text
+    other = Guard(TOKEN).csrf_token("someone-else")
+    assert dashboard.post(path, data={**form, "csrf": other}).status_code == 403
+    assert _state(db) == before
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_a_read_only_dashboard_says_so_and_refuses_every_action(
+    read_only: TestClient, db: TestDatabase, action: str
+) -> None:
+    path, form = _action_paths(db)[action]
+    assert 'id="read-only"' in read_only.get("/").text
+    before = _state(db)
+    response = read_only.post(path, data={**form, "csrf": "x", "token": TOKEN})
+    assert response.status_code == 403 and "read-only" in response.text
+    assert read_only.post("/login", data={"token": TOKEN, "operator": "ada"}).status_code == 303
+    assert SESSION_COOKIE not in read_only.cookies
+    assert _state(db) == before
+
+
+def test_signed_in_actions_take_effect_and_are_recorded(
+    dashboard: TestClient, db: TestDatabase
+) -> None:
+    to_cancel, to_resume = _start_trip(db, "t-cancel"), _start_trip(db, "t-resume")
+    replayed, purged = _dead_letter(db), _dead_letter(db)
+    csrf = _sign_in(dashboard, "ada lovelace")
+    preview = dashboard.get(f"/dead-letters/trips/replay?ids={replayed}").text
+    assert "1 of 1 dead letter(s) in trips would be replayed" in preview
+    assert db.scalar("SELECT status FROM saga.dead_letters WHERE id = %s", (replayed,)) == (
+        "pending"
+    )
+    posts = [
+        ("/dead-letters/trips/replay", {"ids": str(replayed)}, "replayed 1 dead letter"),
+        ("/dead-letters/trips/purge", {"ids": str(purged)}, "purged 1 dead letter"),
+        (f"/sagas/trips/{to_cancel}/cancel", {}, "will compensate"),
+        (f"/sagas/trips/{to_resume}/resume", {}, "resume of saga"),
+    ]
+    for path, form, outcome in posts:
+        response = dashboard.post(path, data={**form, "csrf": csrf})
+        assert response.status_code == 303, response.text
+        assert outcome in dashboard.get(response.headers["location"]).text
+    letters = dict(db.rows("SELECT id, status FROM saga.dead_letters"))
+    assert letters == {replayed: "replayed", purged: "purged"}
+    assert db.scalar("SELECT cancel_requested FROM saga.saga_instances WHERE id = %s", (to_cancel,))
+    resumes = "SELECT count(*) FROM saga.outbox WHERE message_type = 'saga.ResumeSaga'"
+    assert db.scalar(resumes) == 1
+    recorded = db.rows(
+        "SELECT operator, client, action, target->>'service', result "
+        "FROM saga.dashboard_actions ORDER BY id"
+    )
+    assert [(r[0], r[2], r[3]) for r in recorded] == [
+        ("ada lovelace", action, "trips") for action in ("replay", "purge", "cancel", "resume")
+    ]
+    assert all(r[1] for r in recorded) and "replayed 1" in recorded[0][4]
+    assert "ada lovelace" in dashboard.get("/actions").text
+
+
+def test_pages_mask_sensitive_fields_as_the_cli_does(
+    dashboard: TestClient, db: TestDatabase
+) -> None:
+    saga_id = uuid.uuid4()
+    data = {"order": "o-1", "email": "ada@example.com", "card": {"card_number": "4111111111"}}
+    with db.connect() as conn:
+        SagaStore("saga").insert(conn, SagaRecord.new(saga_id, "checkout", 1, "trips", data))
+    letter = _dead_letter(db, {"key": "k", "password": "hunter2", "iban": "DE89370400440532"})
+    page = dashboard.get(f"/sagas/trips/{saga_id}").text
+    assert "o-1" in page and "ada@example.com" not in page and "4111111111" not in page
+    shown = dashboard.get(f"/dead-letters/trips/{letter}").text
+    assert "hunter2" not in shown and "DE89370400440532" not in shown and "***" in shown
+    assert "Traceback: gateway.py line 7" in shown and "GatewayTimeout" in shown
+
+
+def test_the_list_filters_and_pages_through_every_saga_once(
+    dashboard: TestClient, db: TestDatabase
+) -> None:
+    db.execute(
+        "INSERT INTO saga.saga_instances (id, name, saga_version, service, status, data, "
+        "started_at) SELECT gen_random_uuid(), CASE WHEN i %% 3 = 0 THEN 'refund' ELSE 'order' "
+        "END, 1, 'trips', CASE WHEN i %% 10 = 0 THEN 'compensated' ELSE 'completed' END, "
+        "jsonb_build_object('customer', 'c-' || i), now() - make_interval(secs => i / 3) "
+        "FROM generate_series(1, 130) AS i"
+    )
+    seen: list[str] = []
+    url: str | None = "/sagas?service=trips"
+    while url:
+        page = dashboard.get(url).text
+        seen += re.findall(r'class="saga-link" href="/sagas/trips/([0-9a-f-]{36})"', page)
+        found = re.search(r'id="next-page" href="([^"]+)"', page)
+        url = found.group(1).replace("&amp;", "&") if found else None
+    assert len(seen) == 130 == len(set(seen))  # three pages, none twice, none missed
+    compensated = dashboard.get("/sagas?service=trips&status=compensated").text
+    assert compensated.count('class="saga-row"') == 13
+    by_text = dashboard.get("/sagas?service=trips&text=c-42").text
+    assert by_text.count('class="saga-row"') == 1
+    wildcard = dashboard.get("/sagas?service=trips&text=c_4%25").text  # _ and % are literal
+    assert 'class="saga-row"' not in wildcard
+    by_name = dashboard.get("/sagas?service=trips&name=refund&status=compensated").text
+    assert by_name.count('class="saga-row"') == 4  # i = 30, 60, 90, 120
+    one = seen[7]
+    assert dashboard.get(f"/sagas?service=trips&id={one}").text.count('class="saga-row"') == 1
+    bad = dashboard.get("/sagas?service=trips&status=lost").text
+    assert "unknown status" in bad
+
+
+def test_overview_and_dead_letter_groups(dashboard: TestClient, db: TestDatabase) -> None:
+    _start_trip(db, "t-overview")
+    for _ in range(3):
+        _dead_letter(db)
+    overview = dashboard.get("/").text
+    assert "book_trip" in overview and 'class="status running"' in overview
+    assert "data-chart=" in overview and "chart.umd.min.js" in overview
+    groups = dashboard.get("/dead-letters").text
+    assert re.search(r'GatewayTimeout</td>\s*<td class="num">3</td>', groups), groups
+    assert dashboard.get("/static/chart.umd.min.js").status_code == 200
+    missing = dashboard.get(f"/sagas/trips/{uuid.uuid4()}").text
+    assert "no saga" in missing
+
+
+def test_the_command_refuses_a_bad_database_list_clearly(db: TestDatabase) -> None:
+    bad = saga_cli(db.url, "dashboard", "--db", "orders=not-a-url")
+    assert bad.returncode == 2 and "is not SERVICE=URL" in bad.stderr, bad.stderr
+    twice = saga_cli(db.url, "dashboard", "--db", f"a={db.url}", "--db", f"a={db.url}")
+    assert twice.returncode == 2 and "two databases" in twice.stderr, twice.stderr
+    none = saga_cli("", "dashboard")
+    assert none.returncode == 2 and "no database" in none.stderr, none.stderr
+
+
+def test_the_overview_shows_how_many_messages_wait_in_each_queue(
+    db: TestDatabase, any_broker: TestBroker
+) -> None:
+    any_broker.publish_many("trips", [b'{"n": 1}', b'{"n": 2}', b'{"n": 3}'])
+    databases = Databases([ServiceDatabase("trips", db.url), ServiceDatabase("bank", db.url)])
+    config = DashboardConfig(databases, Guard(None), any_broker.config, any_broker.topology)
+    with TestClient(create_app(config)) as client:
+        page = client.get("/").text
+    queues = page.split('id="queues"')[1]
+    queue = re.escape(any_broker.topology.queue_name("trips"))
+    assert re.search(queue + r'</td><td class="num">3</td>', queues), queues
+    assert "problem" not in queues
+    assert any_broker.topology.queue_name("bank") not in queues  # no queue: not invented

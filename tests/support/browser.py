@@ -1,0 +1,99 @@
+"""Headless Chromium (Debian's ``chromium`` and ``chromedriver``) driven by Selenium, and
+the ``saga dashboard`` command as a subprocess, for the dashboard's browser tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service as DriverService
+
+from examples.order_saga.processes import SagaProcess
+from tests.support import servers
+from tests.support.wait import wait_until
+
+CHROMIUM_HINT = "apt-get install chromium chromium-driver (.ci/run installs them when missing)"
+#: Set to a folder (docs/images) to keep the screenshots the browser tests take.
+SCREENSHOTS_VAR = "SAGA_DASHBOARD_SCREENSHOTS"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), 1.0):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def dashboard_process(
+    databases: dict[str, str], log_dir: Path, token: str | None, *extra: str
+) -> Iterator[str]:
+    """``saga dashboard --db SERVICE=URL ...`` on a free port; yields its base URL."""
+    port = free_port()
+    args = ["dashboard", "--port", str(port), *extra]
+    for service, url in databases.items():
+        args += ["--db", f"{service}={url}"]
+    env = {"PYTHONUNBUFFERED": "1", **({"SAGA_DASHBOARD_TOKEN": token} if token else {})}
+    process = SagaProcess(args, env, log_dir, "dashboard")
+    try:
+        wait_until(
+            lambda: answers(port) or process.returncode is not None,
+            timeout=60,
+            what="the dashboard to listen",
+        )
+        assert process.returncode is None, process.output()
+        yield f"http://127.0.0.1:{port}"
+    except BaseException:
+        process.terminate(30)
+        raise
+    assert process.terminate(30) == 0, process.output()
+
+
+@contextmanager
+def chromium() -> Iterator[webdriver.Chrome]:
+    """Headless Chromium through its chromedriver (no browser is downloaded)."""
+    binary = servers.require_program("chromium", CHROMIUM_HINT)
+    driver_path = servers.require_program("chromedriver", CHROMIUM_HINT)
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000", "--disable-gpu"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=DriverService(driver_path))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Screenshots:
+    """Saves the browser's screenshots in the test's folder, and in the folder
+    ``SAGA_DASHBOARD_SCREENSHOTS`` names, if set (to refresh the docs' images)."""
+
+    def __init__(self, driver: webdriver.Chrome, folder: Path) -> None:
+        self.driver = driver
+        self.folder = folder
+        self.keep = os.environ.get(SCREENSHOTS_VAR)
+
+    def take(self, name: str) -> Path:
+        path = self.folder / f"dashboard-{name}.png"
+        height = self.driver.execute_script("return document.body.scrollHeight")
+        self.driver.set_window_size(1400, min(max(int(height) + 40, 700), 2400))
+        assert self.driver.save_screenshot(str(path)), path
+        self.driver.set_window_size(1400, 1000)
+        if self.keep:
+            shutil.copy(path, Path(self.keep) / path.name)
+        return path
