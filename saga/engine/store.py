@@ -182,6 +182,26 @@ class SagaFilter:
     limit: int = 50
 
 
+def list_parameters(where: SagaFilter) -> dict[str, Any]:
+    """The parameters of :data:`LIST_SAGAS` for ``where``."""
+    after_at, after_id = where.after or (None, None)
+    return {
+        "status": where.status,
+        "name": where.name,
+        "older": where.older_than,
+        "newer": where.newer_than,
+        "from": where.started_from,
+        "to": where.started_to,
+        "id": where.saga_id,
+        "key": where.key,
+        "data": Jsonb(where.data) if where.data else None,
+        "text": _like(where.text),
+        "after_at": after_at,
+        "after_id": after_id,
+        "limit": where.limit,
+    }
+
+
 def _like(text: str | None) -> str | None:
     """``text`` as a LIKE pattern matching it anywhere, its wildcards taken literally."""
     if not text:
@@ -325,25 +345,7 @@ class SagaStore:
 
     def list(self, conn: psycopg.Connection[Any], where: SagaFilter) -> list[SagaSummary]:
         """The sagas ``where`` selects, newest first."""
-        after_at, after_id = where.after or (None, None)
-        rows = conn.execute(
-            self._list,
-            {
-                "status": where.status,
-                "name": where.name,
-                "older": where.older_than,
-                "newer": where.newer_than,
-                "from": where.started_from,
-                "to": where.started_to,
-                "id": where.saga_id,
-                "key": where.key,
-                "data": Jsonb(where.data) if where.data else None,
-                "text": _like(where.text),
-                "after_at": after_at,
-                "after_id": after_id,
-                "limit": where.limit,
-            },
-        ).fetchall()
+        rows = conn.execute(self._list, list_parameters(where)).fetchall()
         return [SagaSummary(*row) for row in rows]
 
 

@@ -7,11 +7,10 @@ import json
 import re
 
 import pytest
-from psycopg.types.json import Jsonb
 
 from saga.db.sql import render
 from saga.engine.state import SagaStatus
-from saga.engine.store import LIST_SAGAS
+from saga.engine.store import LIST_SAGAS, SagaFilter, list_parameters
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 
@@ -65,16 +64,14 @@ def test_a_malformed_data_filter_is_refused(db: TestDatabase, value: str, compla
 
 
 def test_key_and_data_filters_read_through_their_indexes(many_sagas: TestDatabase) -> None:
-    filters = {"status": None, "name": None, "older": None, "newer": None, "limit": 50}
     with many_sagas.connect() as conn:
 
-        def plan(key: str | None, data: dict[str, object] | None) -> str:
+        def plan(where: SagaFilter) -> str:
             query = "EXPLAIN " + render(LIST_SAGAS, "saga")
-            params = {**filters, "key": key, "data": Jsonb(data) if data else None}
-            return "\n".join(row[0] for row in conn.execute(query, params))
+            return "\n".join(row[0] for row in conn.execute(query, list_parameters(where)))
 
-        assert "saga_instances_idempotency_key" in plan("req-17", None)
-        assert "saga_instances_data" in plan(None, {"order_id": "o-17"})
+        assert "saga_instances_idempotency_key" in plan(SagaFilter(key="req-17"))
+        assert "saga_instances_data" in plan(SagaFilter(data={"order_id": "o-17"}))
 
 
 def plain(output: str) -> str:
