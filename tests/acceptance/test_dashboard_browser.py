@@ -19,7 +19,7 @@ from examples.order_saga import workload
 from examples.order_saga.cluster import SERVICES, Cluster
 from examples.order_saga.gateway import GatewayClient
 from examples.order_saga.supervisor import Supervisor
-from tests.support.browser import Screenshots, chromium, dashboard_process
+from tests.support.browser import Screenshots, chromium, click_and_load, dashboard_process
 from tests.support.example_cluster import gateway_answers
 from tests.support.wait import wait_until
 
@@ -79,11 +79,11 @@ def test_an_operator_finds_a_held_saga_replays_its_letter_and_sees_it_complete(
                 "step_dead_lettered"
             )
             browser.find_element(By.ID, "text-filter").send_keys("held-")
-            browser.find_element(By.ID, "apply-filters").click()
+            click_and_load(browser, browser.find_element(By.ID, "apply-filters"))
             rows = browser.find_elements(By.CSS_SELECTOR, "tr.saga-row")
             assert len(rows) == 1 and "charge_payment" in rows[0].text, [r.text for r in rows]
             shots.take("saga-list")
-            rows[0].find_element(By.CSS_SELECTOR, "a.saga-link").click()
+            click_and_load(browser, rows[0].find_element(By.CSS_SELECTOR, "a.saga-link"))
 
             assert _text(browser, "#saga-status") == "step_dead_lettered"
             held_rows = browser.find_elements(By.CSS_SELECTOR, "tr.step.outcome-held")
@@ -93,11 +93,13 @@ def test_an_operator_finds_a_held_saga_replays_its_letter_and_sees_it_complete(
             shots.take("saga-held")
             saga_page = browser.current_url
 
-            browser.find_element(By.CSS_SELECTOR, "#saga-letters a.letter-link").click()
+            click_and_load(
+                browser, browser.find_element(By.CSS_SELECTOR, "#saga-letters a.letter-link")
+            )
             assert "ChargeCard" in browser.page_source
             assert "Traceback" in _text(browser, "#traceback")
             shots.take("dead-letter")
-            browser.find_element(By.ID, "preview-letter").click()
+            click_and_load(browser, browser.find_element(By.ID, "preview-letter"))
             assert "1 of 1 dead letter(s) in payments would be replayed" in _text(
                 browser, "#plan-summary"
             )
@@ -106,13 +108,13 @@ def test_an_operator_finds_a_held_saga_replays_its_letter_and_sees_it_complete(
             browser.get(base + "/login")
             browser.find_element(By.ID, "operator-name").send_keys("ada")
             browser.find_element(By.ID, "token").send_keys(TOKEN)
-            browser.find_element(By.ID, "sign-in-button").click()
+            click_and_load(browser, browser.find_element(By.ID, "sign-in-button"))
             assert _text(browser, "#operator") == "ada"
 
             gateway.set_faults(charges_down=False)  # the operator fixed the cause
             browser.get(preview)
             shots.take("replay-preview")
-            browser.find_element(By.ID, "replay").click()
+            click_and_load(browser, browser.find_element(By.ID, "replay"))
             assert "replayed 1 dead letter(s)" in _text(browser, "#notice")
 
             wait_until(

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service as DriverService
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from examples.order_saga.processes import SagaProcess
 from tests.support import servers
@@ -77,6 +80,25 @@ def chromium() -> Iterator[webdriver.Chrome]:
         yield driver
     finally:
         driver.quit()
+
+
+#: How long a page may take to replace the one before it on a loaded machine.
+PAGE_LOAD_S = 60
+
+
+def click_and_load(driver: webdriver.Chrome, element: WebElement) -> None:
+    """Click ``element`` and return once the page it leads to has replaced the current
+    one: a click returns as soon as the browser took it, so reading the page right
+    after would read the page being left (or a half-loaded one)."""
+    leaving = driver.find_element("tag name", "html")
+    element.click()
+    WebDriverWait(driver, PAGE_LOAD_S).until(
+        expected_conditions.staleness_of(leaving), f"no new page after {driver.current_url}"
+    )
+    WebDriverWait(driver, PAGE_LOAD_S).until(
+        lambda d: d.execute_script("return document.readyState") == "complete",
+        f"{driver.current_url} did not finish loading",
+    )
 
 
 class Screenshots:
