@@ -85,7 +85,9 @@ def _progress() -> Progress:
     )
 
 
-def run(orders: int = 200, timeout: float = 90.0, flakiness: float = 0.02) -> int:
+def run(
+    orders: int = 200, timeout: float = 90.0, flakiness: float = 0.02, rate: float = 50.0
+) -> int:
     """Run the demo; return the exit code (0 when every saga settled and invariants hold)."""
     started = time.monotonic()
     WORK_DIR.mkdir(exist_ok=True)
@@ -109,7 +111,9 @@ def run(orders: int = 200, timeout: float = 90.0, flakiness: float = 0.02) -> in
         batch = workload.make_orders(orders, workload.FailureRates(), seed=int(time.time()))
         with _progress() as progress:
             submitted = progress.add_task("submitting orders", total=orders)
-            workload.submit(system, batch, on_progress=lambda n: progress.advance(submitted, n))
+            workload.submit(
+                system, batch, on_progress=lambda n: progress.advance(submitted, n), rate=rate
+            )
             settled = progress.add_task("sagas finished", total=orders)
             counts = workload.wait_until_settled(
                 system, orders, timeout, on_progress=lambda n: progress.advance(settled, n)

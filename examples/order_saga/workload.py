@@ -59,10 +59,17 @@ def submit(
     orders: list[OrderData],
     on_progress: Callable[[int], None] | None = None,
     per_transaction: int = 20,
+    rate: float | None = None,
 ) -> None:
-    """Start one saga per order (idempotency key: the order id), a few per transaction."""
+    """Start one saga per order (idempotency key: the order id), a few per transaction:
+    all at once, or ``rate`` orders a second as a steady stream (as a shop's would come)."""
+    if rate:
+        per_transaction = max(1, min(per_transaction, round(rate / 20)))
+    began = time.monotonic()
     with system.connect("orders") as conn:
         for start in range(0, len(orders), per_transaction):
+            if rate:
+                time.sleep(max(0.0, began + start / rate - time.monotonic()))
             chunk = orders[start : start + per_transaction]
             with conn.transaction():
                 for order in chunk:

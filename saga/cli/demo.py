@@ -13,6 +13,10 @@ def demo(
     flakiness: Annotated[
         float, typer.Option(help="Probability of a transient failure in each participant call.")
     ] = 0.02,
+    rate: Annotated[
+        float,
+        typer.Option(help="Orders submitted per second, as a steady stream (0: all at once)."),
+    ] = 50,
 ) -> None:
     """Run four services, submit orders, show outcomes and timelines, stop cleanly.
 
@@ -21,4 +25,4 @@ def demo(
     """
     from examples.order_saga import demo as example  # not at import: keep `saga` start-up light
 
-    raise typer.Exit(example.run(orders=orders, timeout=timeout, flakiness=flakiness))
+    raise typer.Exit(example.run(orders=orders, timeout=timeout, flakiness=flakiness, rate=rate))
