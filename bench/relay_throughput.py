@@ -8,9 +8,9 @@ import psycopg
 from kombu import Connection
 
 from bench.environment import AMQP_URL, ScratchDatabase
-from outbox_relay import Relay, RelayOptions
 from saga.broker.transport import BrokerConfig, Topology
 from saga.messaging.envelope import Envelope
+from saga.outbox_relay import Relay, RelayOptions
 
 DESTINATION = "bench"
 

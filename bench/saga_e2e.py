@@ -24,10 +24,10 @@ from pathlib import Path
 import psycopg
 
 from bench.environment import AMQP_URL, ScratchDatabase
-from examples.order_saga import workload
-from examples.order_saga.cluster import SERVICES, TARGETS, Cluster
-from examples.order_saga.orders import OrderData
-from examples.order_saga.supervisor import Supervisor
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.cluster import SERVICES, TARGETS, Cluster
+from saga.examples.order_saga.orders import OrderData
+from saga.examples.order_saga.supervisor import Supervisor
 
 FIRST_PORT = 9460
 LATENCY = "saga_delivery_latency_seconds"

@@ -56,10 +56,10 @@ from bench.pgbench_script import INT_ARRAY, UUID_PATTERN, Key, Statement, Transa
 from bench.saga_e2e import Bench, wait_until_finished
 from bench.three_step_saga import ThreeStepBench
 from bench.workload import ACCOUNTS
-from examples.order_saga import workload
-from examples.order_saga.cluster import COMMON_SKUS, RICH_CUSTOMERS
-from examples.order_saga.orders import create_order
-from examples.order_saga.workload import FailureRates
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.cluster import COMMON_SKUS, RICH_CUSTOMERS
+from saga.examples.order_saga.orders import create_order
+from saga.examples.order_saga.workload import FailureRates
 
 WARM_UP = 5
 SETTLE_S = 1.0

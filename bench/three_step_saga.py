@@ -26,9 +26,9 @@ from bench._saga_app import Run, three_steps
 from bench.environment import AMQP_URL, ScratchDatabase
 from bench.saga_e2e import wait_until_finished
 from bench.workload import ACCOUNTS, create_tables, finished
-from examples.order_saga.cluster import delete_queues
-from examples.order_saga.processes import saga_env
-from examples.order_saga.supervisor import Supervisor
+from saga.examples.order_saga.cluster import delete_queues
+from saga.examples.order_saga.processes import saga_env
+from saga.examples.order_saga.supervisor import Supervisor
 
 APP = "bench._saga_app"
 WARM_UP = 200

@@ -1,8 +1,8 @@
 """The service runtime: handlers, inbox deduplication, retries, dead letters."""
 
-from consumers.processing import BatchProcessor, Delivery, Outcome
-from consumers.runner import ServiceRunner
-from consumers.worker import ConsumerOptions, Worker
+from saga.consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.consumers.runner import ServiceRunner
+from saga.consumers.worker import ConsumerOptions, Worker
 from saga.errors import StepFailed
 from saga.handlers.context import HandlerContext
 from saga.handlers.retry import RetryPolicy

@@ -28,8 +28,8 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from consumers.decoding import Decoded, decode
-from consumers.inbox import Inbox
+from saga.consumers.decoding import Decoded, decode
+from saga.consumers.inbox import Inbox
 from saga.effects.side_effects import SideEffects
 from saga.errors import (
     BatchConflict,

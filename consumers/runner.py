@@ -7,9 +7,9 @@ import threading
 import time
 from collections import Counter
 
-from consumers.processing import Outcome
-from consumers.worker import ConsumerOptions, Worker
 from saga.broker.transport import BrokerConfig, Topology
+from saga.consumers.processing import Outcome
+from saga.consumers.worker import ConsumerOptions, Worker
 from saga.handlers.service import Service
 from saga.observability.metrics import Metrics
 

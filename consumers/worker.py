@@ -22,12 +22,10 @@ import psycopg
 from kombu import Connection, Consumer
 from kombu.message import Message
 
-from consumers.processing import BatchProcessor, Delivery, Outcome
-from outbox_relay.claims import RelayStore
-from outbox_relay.publisher import BatchPublisher
 from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.broker.transport import BrokerConfig, Topology
+from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
 from saga.errors import SagaError
@@ -39,6 +37,8 @@ from saga.messaging.signing import KeyRing
 from saga.observability.logs import log_context
 from saga.observability.metrics import Metrics
 from saga.observability.redaction import password_of, redact_text, redact_url
+from saga.outbox_relay.claims import RelayStore
+from saga.outbox_relay.publisher import BatchPublisher
 
 logger = logging.getLogger(__name__)
 

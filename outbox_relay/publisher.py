@@ -19,10 +19,10 @@ from typing import Any
 
 from kombu import Connection, Producer
 
-from outbox_relay.claims import OutboxRow
 from saga.broker.transport import Topology
 from saga.messaging.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE
 from saga.messaging.signing import KeyRing
+from saga.outbox_relay.claims import OutboxRow
 
 logger = logging.getLogger(__name__)
 

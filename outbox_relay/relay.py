@@ -21,8 +21,6 @@ from typing import Any
 import psycopg
 from kombu import Connection
 
-from outbox_relay.claims import OutboxRow, RelayStore, check_durability
-from outbox_relay.publisher import BatchPublisher, PublishOutcome
 from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.broker.transport import BrokerConfig, Topology
@@ -34,6 +32,8 @@ from saga.messaging.signing import KeyRing
 from saga.observability.metrics import Metrics
 from saga.observability.redaction import password_of, redact_text, redact_url
 from saga.operations.retention import Pruner, RetentionPolicy
+from saga.outbox_relay.claims import OutboxRow, RelayStore, check_durability
+from saga.outbox_relay.publisher import BatchPublisher, PublishOutcome
 
 logger = logging.getLogger(__name__)
 

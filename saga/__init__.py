@@ -2,7 +2,7 @@
 
 Everything a service needs to define sagas and handlers and to write messages
 comes from here, in one import line. None of it loads a broker client: the
-runtime that talks to brokers lives in :mod:`consumers` and :mod:`outbox_relay`.
+runtime that talks to brokers lives in :mod:`saga.consumers` and :mod:`saga.outbox_relay`.
 """
 
 from saga.db.sql import Tx

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from examples.order_saga.cluster import Cluster
-from examples.order_saga.redis_server import RedisServer
+from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.redis_server import RedisServer
 from tests.support import sagas, servers, services
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase, with_database

@@ -25,7 +25,7 @@ these modes.
 ``--broker postgres`` runs on the framework's PostgreSQL transport, its messages in a
 database of their own (``chaos_<run>_broker``). Every database of the run, the broker's
 and the services', lives on a private PostgreSQL (its own cluster and port, see
-:mod:`examples.order_saga.postgres_server`) that the deck crashes (immediate shutdown)
+:mod:`saga.examples.order_saga.postgres_server`) that the deck crashes (immediate shutdown)
 and starts again (``restart_private_postgres``); the shared servers are never restarted.
 The deck also kills and pauses processes (a consumer killed holding a batch: its messages
 come back when the lease of :data:`POSTGRES_LEASE_S` seconds ends), leaves transactions
@@ -60,16 +60,16 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg import sql
 
-from examples.order_saga import workload
-from examples.order_saga.checker import check
-from examples.order_saga.cluster import SERVICES, Cluster
-from examples.order_saga.gateway import GatewayClient
-from examples.order_saga.operator import BulkResume, replay_held
-from examples.order_saga.orders import OrderData, create_order
-from examples.order_saga.postgres_server import PostgresServer
-from examples.order_saga.processes import SAGA
-from examples.order_saga.redis_server import RedisServer
-from examples.order_saga.supervisor import Supervisor
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.checker import check
+from saga.examples.order_saga.cluster import SERVICES, Cluster
+from saga.examples.order_saga.gateway import GatewayClient
+from saga.examples.order_saga.operator import BulkResume, replay_held
+from saga.examples.order_saga.orders import OrderData, create_order
+from saga.examples.order_saga.postgres_server import PostgresServer
+from saga.examples.order_saga.processes import SAGA
+from saga.examples.order_saga.redis_server import RedisServer
+from saga.examples.order_saga.supervisor import Supervisor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 KINDS = (
@@ -135,7 +135,7 @@ class PrivateServers:
 
     def admin(self, statement: str, name: str) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))  # type: ignore[arg-type]
+            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
 
     def close(self) -> None:
         for server in (self.redis, self.postgres):
@@ -256,7 +256,7 @@ class FaultInjector:
     def _later(self, seconds: float, action: Any) -> None:
         timer = threading.Timer(seconds, action)
         timer.start()
-        self._threads.append(timer)  # type: ignore[arg-type]
+        self._threads.append(timer)
 
     def settle(self) -> None:
         for thread in self._threads:
@@ -369,7 +369,7 @@ def _run(
     commands.append(
         (
             "driver",
-            [sys.executable, "-m", "examples.order_saga.submitter", "--database-url",
+            [sys.executable, "-m", "saga.examples.order_saga.submitter", "--database-url",
              system.database_urls["orders"], "--orders", str(sagas), "--seconds",
              str(duration * 0.8), "--seed", str(seed), "--prefix", f"c{run_id}"],
             {},

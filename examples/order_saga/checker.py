@@ -1,6 +1,6 @@
 """The invariant checker: run it against the example's four databases, on its own.
 
-    python -m examples.order_saga.checker --database-url 'postgresql://localhost/chaos_{service}'
+    python -m saga.examples.order_saga.checker --database-url 'postgresql://localhost/chaos_{service}'
 
 It classifies every command a saga sent as delivered, lost, duplicated (its
 effect applied more than once) or unexpected (an effect no saga step accounts
@@ -16,9 +16,9 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any
 
-from examples.order_saga import invariants
-from examples.order_saga.cluster import SERVICES, Cluster
-from examples.order_saga.orders import create_order
+from saga.examples.order_saga import invariants
+from saga.examples.order_saga.cluster import SERVICES, Cluster
+from saga.examples.order_saga.orders import create_order
 
 #: Remote step -> (service, table holding one row per applied command, keyed by idempotency key).
 EFFECTS = {

@@ -17,10 +17,10 @@ from saga.db.schema import migrate
 
 SERVICES = ("orders", "customers", "inventory", "payments")
 TARGETS = {
-    "orders": "examples.order_saga.orders:registry",
-    "customers": "examples.order_saga.customers:service",
-    "inventory": "examples.order_saga.inventory:service",
-    "payments": "examples.order_saga.payments:service",
+    "orders": "saga.examples.order_saga.orders:registry",
+    "customers": "saga.examples.order_saga.customers:service",
+    "inventory": "saga.examples.order_saga.inventory:service",
+    "payments": "saga.examples.order_saga.payments:service",
 }
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 
@@ -95,7 +95,7 @@ class Cluster:
 
     def gateway_command(self) -> tuple[str, list[str], dict[str, str]]:
         """The fake payment gateway, a process of its own (not one of ours: never faulted)."""
-        module = "examples.order_saga.gateway"
+        module = "saga.examples.order_saga.gateway"
         return ("gateway", [sys.executable, "-m", module, "--port", str(self.gateway_port)], {})
 
     def commands(self) -> list[tuple[str, list[str], dict[str, str]]]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from examples.order_saga.flakiness import maybe_glitch
-from examples.order_saga.messages import CreditReserved, ReleaseCredit, ReserveCredit
 from saga import HandlerContext, Service, StepFailed, Tx
+from saga.examples.order_saga.flakiness import maybe_glitch
+from saga.examples.order_saga.messages import CreditReserved, ReleaseCredit, ReserveCredit
 
 service = Service("customers")
 

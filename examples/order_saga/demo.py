@@ -20,12 +20,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from examples.order_saga import invariants, workload
-from examples.order_saga.cluster import SERVICES, Cluster
-from examples.order_saga.processes import SagaProcess
 from saga.cli.sagas import render_saga, timeline_entries
 from saga.db.embedded import EmbeddedPostgres, database_url
 from saga.engine.store import SagaStore
+from saga.examples.order_saga import invariants, workload
+from saga.examples.order_saga.cluster import SERVICES, Cluster
+from saga.examples.order_saga.processes import SagaProcess
 
 console = Console()
 WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))

@@ -9,7 +9,7 @@ Outages on demand (``POST /admin``, or :meth:`GatewayClient.set_faults`): while
 charges are made and then the connection is dropped before the answer (the
 payments service cannot know the card was charged).
 
-    python -m examples.order_saga.gateway --port 8765
+    python -m saga.examples.order_saga.gateway --port 8765
 """
 
 from __future__ import annotations

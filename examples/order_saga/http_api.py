@@ -4,10 +4,11 @@
 transaction: both exist, or neither does. ``GET /orders/{id}`` shows the order
 and where its saga is. Run it against the orders database::
 
-    SAGA_DATABASE_URL=postgresql://... uvicorn --factory examples.order_saga.http_api:app_from_env
+    SAGA_DATABASE_URL=postgresql://... \
+        uvicorn --factory saga.examples.order_saga.http_api:app_from_env
 
 (``pip install 'saga-outbox[web]' uvicorn``). The saga then runs in the orders
-service's consumer (``saga consume examples.order_saga.orders:registry``).
+service's consumer (``saga consume saga.examples.order_saga.orders:registry``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
 
-from examples.order_saga.orders import OrderData, create_order
+from saga.examples.order_saga.orders import OrderData, create_order
 
 _INSERT_ORDER = """
 INSERT INTO orders (id, customer_id, amount_cents, status) VALUES (%s, %s, %s, 'pending')

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.cluster import Cluster
 
 
 @dataclass

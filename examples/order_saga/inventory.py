@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from examples.order_saga.flakiness import maybe_glitch
-from examples.order_saga.messages import (
+from saga import HandlerContext, Service, StepFailed, Tx
+from saga.examples.order_saga.flakiness import maybe_glitch
+from saga.examples.order_saga.messages import (
     ReleaseStock,
     ReserveStock,
     ScheduleShipment,
     ShipmentScheduled,
     StockReserved,
 )
-from saga import HandlerContext, Service, StepFailed, Tx
 
 service = Service("inventory")
 

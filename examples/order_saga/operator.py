@@ -8,8 +8,8 @@ import subprocess
 
 import psycopg
 
-from examples.order_saga.cluster import Cluster
-from examples.order_saga.processes import SAGA
+from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.processes import SAGA
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterStore
 from saga.operations.replay import replay
 

@@ -6,7 +6,8 @@ import os
 
 from pydantic import BaseModel
 
-from examples.order_saga.messages import (
+from saga import Saga, SagaRegistry, Tx
+from saga.examples.order_saga.messages import (
     CardCharged,
     ChargeCard,
     CreditReserved,
@@ -19,7 +20,6 @@ from examples.order_saga.messages import (
     ShipmentScheduled,
     StockReserved,
 )  # fmt: skip
-from saga import Saga, SagaRegistry, Tx
 
 
 class OrderData(BaseModel):

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 
-from examples.order_saga.flakiness import maybe_glitch
-from examples.order_saga.gateway import GatewayClient
-from examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge
 from saga import HandlerContext, RetryPolicy, Service, StepFailed, Tx
+from saga.examples.order_saga.flakiness import maybe_glitch
+from saga.examples.order_saga.gateway import GatewayClient
+from saga.examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge
 
 
 def _retry() -> RetryPolicy:

@@ -1,6 +1,6 @@
 """The workload driver as a process of its own (chaos runs): submits orders over time.
 
-    python -m examples.order_saga.submitter --database-url URL --orders 600 --seconds 120
+    python -m saga.examples.order_saga.submitter --database-url URL --orders 600 --seconds 120
 
 Each order starts a saga keyed by its order id, so a driver killed halfway
 and started again submits everything again without creating a saga twice.
@@ -14,8 +14,8 @@ import time
 
 import psycopg
 
-from examples.order_saga import workload
-from examples.order_saga.orders import create_order
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.orders import create_order
 
 
 def _already_started(conn: psycopg.Connection[tuple[str]]) -> set[str]:

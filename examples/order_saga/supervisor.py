@@ -11,7 +11,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from examples.order_saga.processes import SagaProcess
+from saga.examples.order_saga.processes import SagaProcess
 
 FAULTS_VAR = "SAGA_FAULTS"
 

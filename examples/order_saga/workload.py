@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from examples.order_saga import cluster
-from examples.order_saga.cluster import Cluster
-from examples.order_saga.gateway import DECLINED
-from examples.order_saga.orders import OrderData, create_order
+from saga.examples.order_saga import cluster
+from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.gateway import DECLINED
+from saga.examples.order_saga.orders import OrderData, create_order
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,9 @@ def consume(
     With SAGA_SIGNING_KEYS set, signatures are verified before decoding;
     SAGA_REQUIRE_SIGNATURE=true rejects unsigned messages too.
     """
-    from consumers.runner import ServiceRunner
-    from consumers.worker import ConsumerOptions
     from saga.cli.loading import load_service
+    from saga.consumers.runner import ServiceRunner
+    from saga.consumers.worker import ConsumerOptions
 
     settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
     setup_logging(settings, log_level, log_format)

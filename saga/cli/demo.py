@@ -1,4 +1,4 @@
-"""``saga demo``: the order-saga example end to end (it ships in the wheel as ``examples``)."""
+"""``saga demo``: the order-saga example end to end (it ships in the wheel as ``saga.examples``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def demo(
     Uses SAGA_DATABASE_URL / SAGA_BROKER_URL when set; otherwise an embedded
     PostgreSQL and a broker on it, so no server needs to be installed.
     """
-    from examples.order_saga import demo as example  # not at import: keep `saga` start-up light
+    from saga.examples.order_saga import (
+        demo as example,  # not at import: keep `saga` start-up light
+    )
 
     raise typer.Exit(example.run(orders=orders, timeout=timeout, flakiness=flakiness, rate=rate))

@@ -51,5 +51,5 @@ def load_service(target: str) -> Service:
         if isinstance(service, Service):
             return service
     raise ConfigurationError(
-        f"{target} is a {type(obj).__name__}, not a consumers.Service (or saga registry)"
+        f"{target} is a {type(obj).__name__}, not a saga.Service (or saga registry)"
     )

@@ -55,7 +55,7 @@ def relay(
     log_format: LogFormatOption = "text",
 ) -> None:
     """Publish committed outbox rows to the broker until SIGTERM (run any number of these)."""
-    from outbox_relay.relay import Relay, RelayOptions
+    from saga.outbox_relay.relay import Relay, RelayOptions
 
     settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
     setup_logging(settings, log_level, log_format)

@@ -23,7 +23,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.effects.side_effects import SideEffects
 from saga.engine.definition import Saga
 from saga.engine.registry import SagaRegistry

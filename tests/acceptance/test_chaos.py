@@ -5,13 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from examples.order_saga.chaos import KINDS
-from examples.order_saga.processes import REPO
+from saga.examples.order_saga.chaos import KINDS
+from saga.examples.order_saga.processes import REPO
 
 
 def test_short_chaos_run_loses_nothing_and_applies_nothing_twice() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "examples.order_saga.chaos",
+        [sys.executable, "-m", "saga.examples.order_saga.chaos",
          "--sagas", "120", "--duration", "30", "--interval", "1.5", "--heartbeat", "2"],
         cwd=REPO,
         capture_output=True,

@@ -15,10 +15,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from examples.order_saga import workload
-from examples.order_saga.cluster import SERVICES, Cluster
-from examples.order_saga.gateway import GatewayClient
-from examples.order_saga.supervisor import Supervisor
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.cluster import SERVICES, Cluster
+from saga.examples.order_saga.gateway import GatewayClient
+from saga.examples.order_saga.supervisor import Supervisor
 from tests.support.browser import Screenshots, chromium, click_and_load, dashboard_process
 from tests.support.example_cluster import gateway_answers
 from tests.support.wait import wait_until

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from examples.order_saga.processes import REPO, SAGA
+from saga.examples.order_saga.processes import REPO, SAGA
 
 
 def test_demo_runs_end_to_end_without_servers(tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
-from examples.order_saga.processes import REPO
+from saga.examples.order_saga.processes import REPO
 
 #: What the wheel is built from (pyproject.toml names the packages in it).
 SOURCES = ("pyproject.toml", "README.md", "saga", "consumers", "outbox_relay", "migrations",
@@ -71,7 +72,7 @@ def test_saga_demo_runs_from_an_installed_wheel_in_an_empty_folder(tmp_path: Pat
 
     where = run(
         [str(venv / "bin" / "python"), "-c",
-         "import saga, examples.order_saga.demo as d; print(saga.__file__); print(d.__file__)"],
+         "import saga, saga.examples.order_saga.demo as d; print(saga.__file__, d.__file__)"],
         cwd=folder, env=env,
     ).stdout.split()  # fmt: skip
     assert all(path.startswith(str(venv)) for path in where), where
@@ -111,3 +112,37 @@ def test_the_dashboard_serves_its_templates_and_assets_from_an_installed_wheel(
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_") and k != "PYTHONPATH"}
     result = run([str(venv / "bin" / "python"), "-c", DASHBOARD_FROM_THE_WHEEL], folder, env)
     assert result.stdout.strip().startswith(str(venv)), result.stdout
+
+
+APP_WITH_ITS_OWN_CONSUMERS = """
+import consumers, examples
+import saga.consumers, saga.outbox_relay
+from saga.cli.loading import load_service
+
+billing = load_service("consumers.billing:billing")
+assert billing.name == "billing", billing
+assert consumers.__file__.startswith({folder!r}), consumers.__file__
+assert examples.__file__.startswith({folder!r}), examples.__file__
+assert not saga.consumers.__file__.startswith({folder!r}), saga.consumers.__file__
+print("ok")
+"""
+
+
+def test_the_wheel_claims_only_the_saga_namespace(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert tops == {"saga", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    # An application whose own packages are called consumers and examples keeps them.
+    venv = fresh_venv(tmp_path, wheel)
+    folder = tmp_path / "app"
+    for package in ("consumers", "examples"):
+        (folder / package).mkdir(parents=True)
+        (folder / package / "__init__.py").write_text("")
+    (folder / "consumers" / "billing.py").write_text(
+        'from saga import Service\n\nbilling = Service("billing")\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_") and k != "PYTHONPATH"}
+    script = APP_WITH_ITS_OWN_CONSUMERS.format(folder=str(folder))
+    result = run([str(venv / "bin" / "python"), "-c", script], folder, env)
+    assert result.stdout.strip() == "ok"

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from examples.order_saga import workload
-from examples.order_saga.checker import check
-from examples.order_saga.cluster import Cluster
-from examples.order_saga.gateway import GatewayClient
-from examples.order_saga.supervisor import Supervisor
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.checker import check
+from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.gateway import GatewayClient
+from saga.examples.order_saga.supervisor import Supervisor
 from tests.support.cli import saga_cli
 from tests.support.example_cluster import gateway_answers, settle
 from tests.support.wait import wait_until

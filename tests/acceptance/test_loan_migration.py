@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from uuid import UUID
 
-from examples.order_saga.processes import SagaProcess, saga_env
+from saga.examples.order_saga.processes import SagaProcess, saga_env
 from tests.support import loans
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase

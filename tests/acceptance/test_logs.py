@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from examples.order_saga.processes import SagaProcess, saga_env
+from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from examples.order_saga.processes import SagaProcess, saga_env
 from saga import Outbox, uuid7
+from saga.examples.order_saga.processes import SagaProcess, saga_env
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.services import EFFECTS_DDL, Hop, service

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from examples.order_saga import invariants, payments, workload
-from examples.order_saga.cluster import Cluster
-from examples.order_saga.gateway import GatewayClient, GatewayServer
-from examples.order_saga.messages import ChargeCard
-from examples.order_saga.processes import REPO
-from examples.order_saga.supervisor import Supervisor
 from saga import RetryPolicy, Service
+from saga.examples.order_saga import invariants, payments, workload
+from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.gateway import GatewayClient, GatewayServer
+from saga.examples.order_saga.messages import ChargeCard
+from saga.examples.order_saga.processes import REPO
+from saga.examples.order_saga.supervisor import Supervisor
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from examples.order_saga.processes import REPO, SAGA, SagaProcess
+from saga.examples.order_saga.processes import REPO, SAGA, SagaProcess
 from tests.support.databases import TestDatabase, with_credentials
 from tests.support.wait import wait_until
 

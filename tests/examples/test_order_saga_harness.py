@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.order_saga import customers, inventory
-from examples.order_saga.messages import (
+from saga.examples.order_saga import customers, inventory
+from saga.examples.order_saga.messages import (
     CardCharged,
     ChargeCard,
     RefundCharge,
@@ -23,7 +23,7 @@ from examples.order_saga.messages import (
     ReserveStock,
     ScheduleShipment,
 )
-from examples.order_saga.orders import OrderData, create_order, registry
+from saga.examples.order_saga.orders import OrderData, create_order, registry
 from saga.testing import SagaHarness
 
 SCHEMA = sorted((Path(customers.__file__).parent / "schema").glob("*.sql"))

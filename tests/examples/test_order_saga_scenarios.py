@@ -13,7 +13,8 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
-from examples.order_saga.messages import (
+from saga import StepFailed
+from saga.examples.order_saga.messages import (
     CardCharged,
     ChargeCard,
     CreditReserved,
@@ -26,8 +27,7 @@ from examples.order_saga.messages import (
     ShipmentScheduled,
     StockReserved,
 )  # fmt: skip
-from examples.order_saga.orders import OrderData, create_order
-from saga import StepFailed
+from saga.examples.order_saga.orders import OrderData, create_order
 from saga.testing import Fail, PayloadMismatch, SagaScenario
 
 #: The order saga's local steps only write the order row: here they do nothing.

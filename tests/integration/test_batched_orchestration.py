@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from consumers import BatchProcessor, Delivery, Outcome
 from saga import HandlerContext, Saga, SagaRegistry, Service, StepFailed, Tx
+from saga.consumers import BatchProcessor, Delivery, Outcome
 from saga.errors import BatchConflict
 from saga.handlers.retry import RetryPolicy
 from saga.messaging.control import Signal

@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from examples.order_saga.redis_server import RedisServer
-from outbox_relay import Relay
 from saga import Outbox
 from saga.errors import UnsafeDurability
+from saga.examples.order_saga.redis_server import RedisServer
+from saga.outbox_relay import Relay
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from consumers import BatchProcessor, Delivery, Outcome
-from examples.order_saga.processes import SagaProcess, saga_env
 from saga import HandlerContext, RetryPolicy, Service
+from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.control import FailureReply
 from saga.messaging.envelope import Envelope
 from tests.support import servers

@@ -18,9 +18,9 @@ import pytest
 from fastapi import FastAPI
 from psycopg_pool import AsyncConnectionPool
 
-from examples.order_saga import workload
-from examples.order_saga.cluster import SCHEMA_DIR, Cluster
-from examples.order_saga.http_api import BeforeCommit, create_app
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.cluster import SCHEMA_DIR, Cluster
+from saga.examples.order_saga.http_api import BeforeCommit, create_app
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.example_cluster import services_in_threads

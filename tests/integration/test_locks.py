@@ -12,9 +12,9 @@ import uuid
 import pytest
 import redis
 
-from examples.order_saga.processes import REPO
 from saga.effects.locks import FencedLock
 from saga.errors import LockLost, LockTimeout
+from saga.examples.order_saga.processes import REPO
 from tests.support import servers
 from tests.support.databases import TestDatabase
 from tests.support.lock_holder import FENCED_WRITE

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, Outcome
 from saga.messaging.envelope import Envelope
 from saga.operations.resume import SagaResumer, StuckFilter
 from tests.support import sagas as trips

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from examples.order_saga import workload
-from examples.order_saga.checker import check
-from examples.order_saga.cluster import Cluster
-from examples.order_saga.gateway import GatewayClient
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.checker import check
+from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.gateway import GatewayClient
 from tests.support.brokers import TestBroker
 from tests.support.example_cluster import services_in_threads
 

@@ -20,7 +20,7 @@ import pytest
 from kombu import Consumer, Message
 from prometheus_client import CollectorRegistry
 
-from examples.order_saga.processes import SagaProcess, saga_env
+from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics
 from tests.support.brokers import TestBroker

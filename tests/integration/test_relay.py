@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from examples.order_saga.processes import SagaProcess, saga_env
-from outbox_relay import Relay, RelayOptions
 from saga import Outbox
 from saga.errors import UnsafeDurability
+from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
+from saga.outbox_relay import Relay, RelayOptions
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import in_thread

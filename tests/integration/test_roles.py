@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from consumers import Outcome
-from outbox_relay import Relay, RelayOptions
 from saga import Outbox
+from saga.consumers import Outcome
 from saga.messaging.envelope import Envelope
+from saga.outbox_relay import Relay, RelayOptions
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase, with_credentials

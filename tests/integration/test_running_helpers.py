@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from consumers.worker import Worker
-from outbox_relay import Relay
+from saga.consumers.worker import Worker
+from saga.outbox_relay import Relay
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import ThreadDied, in_thread, running_relay, running_service

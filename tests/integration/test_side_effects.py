@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from examples.order_saga.gateway import GatewayClient, GatewayServer
 from saga.effects.side_effects import SideEffects
 from saga.errors import LeaseLost, SideEffectFailed
+from saga.examples.order_saga.gateway import GatewayClient, GatewayServer
 from tests.support.databases import TestDatabase
 
 

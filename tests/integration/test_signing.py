@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers import Outcome
 from saga import Outbox
+from saga.consumers import Outcome
 from saga.errors import ConfigurationError, SignatureRejected
 from saga.messaging.envelope import Envelope
 from saga.messaging.signing import KEY_HEADER, SIGNATURE_HEADER, KeyRing

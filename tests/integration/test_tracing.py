@@ -16,9 +16,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from examples.order_saga import workload
-from examples.order_saga.cluster import Cluster
-from examples.order_saga.orders import create_order
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.orders import create_order
 from saga.observability import tracing
 from tests.support.brokers import TestBroker
 from tests.support.example_cluster import services_in_threads

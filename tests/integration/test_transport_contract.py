@@ -15,11 +15,11 @@ import pytest
 import redis
 from kombu import Consumer, Message, Producer
 
-from consumers import Outcome
-from examples.order_saga.redis_server import RedisServer
 from saga import Outbox
 from saga.broker.redis_transport import REGISTRY
 from saga.broker.transport import BrokerConfig, Topology
+from saga.consumers import Outcome
+from saga.examples.order_saga.redis_server import RedisServer
 from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
 from tests.support.brokers import TestBroker

@@ -16,7 +16,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from examples.order_saga.processes import SagaProcess
+from saga.examples.order_saga.processes import SagaProcess
 from tests.support import servers
 from tests.support.wait import wait_until
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from examples.order_saga.processes import REPO, SAGA
+from saga.examples.order_saga.processes import REPO, SAGA
 
 
 def saga_cli(database_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

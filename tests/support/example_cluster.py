@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from consumers import ConsumerOptions, ServiceRunner
-from examples.order_saga import workload
-from examples.order_saga.cluster import SERVICES, Cluster
-from examples.order_saga.gateway import GatewayClient, GatewayServer
-from examples.order_saga.processes import SagaProcess
-from examples.order_saga.supervisor import Supervisor
 from saga.cli.loading import load_service
+from saga.consumers import ConsumerOptions, ServiceRunner
+from saga.examples.order_saga import workload
+from saga.examples.order_saga.cluster import SERVICES, Cluster
+from saga.examples.order_saga.gateway import GatewayClient, GatewayServer
+from saga.examples.order_saga.processes import SagaProcess
+from saga.examples.order_saga.supervisor import Supervisor
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
 from tests.support.running import running_relay, stop_runner
@@ -61,7 +61,7 @@ def gateway_running(system: Cluster) -> Iterator[GatewayServer]:
 @contextmanager
 def services_in_threads(system: Cluster, broker: TestBroker, **options: object) -> Iterator[None]:
     """The gateway, and a relay and a consumer per service, as threads of this process."""
-    from examples.order_saga.cluster import TARGETS
+    from saga.examples.order_saga.cluster import TARGETS
 
     with ExitStack() as stack:
         stack.enter_context(gateway_running(system))

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from consumers import BatchProcessor, Delivery, Service
+from saga.consumers import BatchProcessor, Delivery, Service
 from saga.effects.side_effects import SideEffects
 from saga.messaging.envelope import Envelope
 

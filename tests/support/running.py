@@ -10,9 +10,9 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from consumers import ConsumerOptions, Service, ServiceRunner
-from outbox_relay import Relay, RelayOptions
+from saga.consumers import ConsumerOptions, Service, ServiceRunner
 from saga.observability.metrics import Metrics
+from saga.outbox_relay import Relay, RelayOptions
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 

@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
-from consumers.decoding import decode
 from saga import RetryPolicy, Service
+from saga.consumers.decoding import decode
 from saga.errors import ConfigurationError, Rejection, StepFailed
 from saga.faults import _parse
 from saga.messaging.envelope import Envelope

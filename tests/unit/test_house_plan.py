@@ -30,13 +30,18 @@ LAYERS = [
     "saga.settings",
     "saga",
     "saga.dashboard",
-    "outbox_relay",
-    "consumers",
+    "saga.outbox_relay",
+    "saga.consumers",
     "saga.testing",
     "saga.cli",
+    "saga.examples",
 ]
+#: The one upward import: ``saga demo`` runs the example application (imported when run).
+RUNS_THE_EXAMPLE = ("saga.cli.demo", "saga.examples")
+#: The repository's top-level folders that install under the ``saga`` namespace.
+LINKED = ("consumers", "outbox_relay", "examples")
 #: What the core (everything before ``saga.broker``) must never import.
-RUNTIME = ("kombu", "amqp", "consumers", "outbox_relay")
+RUNTIME = ("kombu", "amqp", "saga.consumers", "saga.outbox_relay", "saga.examples")
 
 
 def _layer(module: str) -> int:
@@ -49,9 +54,10 @@ def _layer(module: str) -> int:
 
 def _modules() -> list[tuple[str, Path]]:
     found = []
-    for top in ("saga", "consumers", "outbox_relay"):
+    for top in ("saga", *LINKED):
         for path in sorted((ROOT / top).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = parts if top == "saga" else ("saga", *parts)
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             found.append((name, path))
     return found
@@ -80,20 +86,30 @@ def test_every_import_points_down_the_layers() -> None:
             continue  # the public API re-exports from every core layer
         own = _layer(module)
         for imported in _imports(path):
-            top = imported.split(".")[0]
-            if top in ("saga", "consumers", "outbox_relay"):
-                target = imported if _is_module(imported) else imported.rsplit(".", 1)[0]
-                if _layer(target) > own:
-                    upward.append(f"{module} imports {target}")
-            elif top in RUNTIME and _layer(module) < _layer("saga.broker"):
+            core = _layer(module) < _layer("saga.broker")
+            if core and any(imported == r or imported.startswith(r + ".") for r in RUNTIME):
                 upward.append(f"{module} imports {imported}")
+            elif imported.split(".")[0] == "saga":
+                target = imported if _is_module(imported) else imported.rsplit(".", 1)[0]
+                demo = (module, _top_layer(target)) == RUNS_THE_EXAMPLE
+                if _layer(target) > own and not demo:
+                    upward.append(f"{module} imports {target}")
     assert upward == []
 
 
+def _top_layer(module: str) -> str:
+    return LAYERS[_layer(module)]
+
+
 def _is_module(name: str) -> bool:
-    return (ROOT / name.replace(".", "/")).with_suffix(".py").exists() or (
-        ROOT / name.replace(".", "/") / "__init__.py"
-    ).exists()
+    path = ROOT / name.replace(".", "/")  # saga/consumers is a link to consumers/
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def test_the_linked_folders_install_under_the_saga_namespace() -> None:
+    for folder in LINKED:
+        link = ROOT / "saga" / folder
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
 
 
 def test_the_public_api_loads_no_broker_client() -> None:
@@ -104,9 +120,11 @@ def test_the_public_api_loads_no_broker_client() -> None:
         text=True,
         check=True,
     )
-    loaded = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in result.stderr.splitlines()}
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
     assert "saga" in loaded
-    assert loaded.isdisjoint({*RUNTIME, "redis"})
+    tops = {name.split(".")[0] for name in loaded}
+    assert tops.isdisjoint({"kombu", "amqp", "redis"})
+    assert not any(name.startswith(runtime) for name in loaded for runtime in RUNTIME)
 
 
 def test_one_import_line_serves_a_user() -> None:
@@ -128,7 +146,7 @@ def test_one_import_line_serves_a_user() -> None:
 def test_every_exception_lives_in_saga_errors_under_saga_error() -> None:
     elsewhere = []
     for module, _path in _modules():
-        if module.startswith("saga.cli") or module.endswith("__main__"):
+        if module.startswith(("saga.cli", "saga.examples")) or module.endswith("__main__"):
             continue
         loaded = importlib.import_module(module)
         for name, value in vars(loaded).items():
@@ -151,7 +169,7 @@ def test_the_architecture_document_lists_every_package() -> None:
     documented = set(re.findall(r"^- `([a-z_/]+)/`", block, flags=re.M))
     packages = {"migrations"} | {
         str(init.parent.relative_to(ROOT))
-        for top in ("saga", "consumers", "outbox_relay")
+        for top in ("saga", *LINKED)
         for init in (ROOT / top).rglob("__init__.py")
     }
     assert documented == packages

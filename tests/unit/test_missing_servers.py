@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.order_saga.processes import REPO
+from saga.examples.order_saga.processes import REPO
 from tests.support import servers
 
 SERVERS = [
