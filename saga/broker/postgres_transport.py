@@ -21,6 +21,13 @@ not in the consumer's memory:
   messages come back when the lease ends.
 - **delay**: a message published with an ``x-delay`` header (milliseconds) is inserted
   with ``visible_at`` that far ahead.
+- **events**: a publish to an exchange (the events exchange) makes one row per queue
+  bound to its routing key, in the same INSERT, from the ``subscriptions`` table
+  (``exchange``, ``routing_key``, ``queue``): bindings are rows, durable and shared by
+  every process, never kept in one process's memory. ``queue_bind`` adds a row,
+  ``queue_unbind`` and ``queue_delete`` remove them. A publish that matches no binding is
+  handed to the producer's ``on_return`` callback, as RabbitMQ returns a ``mandatory``
+  message it cannot route.
 - **wake-ups**: a publisher sends ``NOTIFY`` after its insert committed (never inside it,
   so writers do not serialize on the notification lock), at most once per queue per
   :data:`WAKE_INTERVAL`; consumers ``LISTEN`` and otherwise poll, backing off from
@@ -34,7 +41,9 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -77,7 +86,46 @@ CREATE TABLE IF NOT EXISTS {table} (
     enqueued_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id);
+CREATE TABLE IF NOT EXISTS {subscriptions} (
+    exchange text NOT NULL,
+    routing_key text NOT NULL,
+    queue text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (exchange, routing_key, queue)
+);
 """
+
+#: The messages of one flush with their exchange ('' for a queue named by the routing
+#: key) and routing key; a message sent to an exchange becomes a row per bound queue.
+_ROUTED_INSERT = """
+WITH m AS (
+    SELECT * FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::text[], %s::text[],
+                         %s::float8[]) WITH ORDINALITY AS m(x, k, b, h, p, d, n)
+), routed AS (
+    SELECT m.n, CASE WHEN m.x = '' THEN m.k ELSE s.queue END AS queue, m.b, m.h, m.p, m.d
+    FROM m LEFT JOIN {subscriptions} s ON m.x <> '' AND s.exchange = m.x AND s.routing_key = m.k
+), inserted AS (
+    INSERT INTO {table} (queue, body, headers, properties, visible_at)
+    SELECT queue, b, h::jsonb, p::jsonb, now() + d * interval '1 second'
+    FROM routed WHERE queue IS NOT NULL ORDER BY n, queue
+    RETURNING queue
+)
+SELECT ARRAY(SELECT DISTINCT queue FROM inserted),
+       ARRAY(SELECT n FROM routed WHERE queue IS NULL ORDER BY n)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnedMessage:
+    """A message no binding routed, as ``on_return`` callbacks receive it."""
+
+    properties: dict[str, Any]
+    body: bytes
+
+
+#: One message to insert: (exchange, routing key, kombu's message dict). An empty
+#: exchange sends it to the queue the routing key names.
+Outgoing = tuple[str, str, dict[str, Any]]
 
 
 def wake_channel(schema: str) -> str:
@@ -124,13 +172,13 @@ class PublishBatch:
     def __init__(self, channel: Channel, max_size: int) -> None:
         self.channel = channel
         self.max_size = max_size
-        self._rows: list[tuple[str, dict[str, Any]]] = []
+        self._rows: list[Outgoing] = []
 
     def publish(self, message: dict[str, Any], **kwargs: Any) -> Any:
         return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
 
-    def add(self, queue: str, message: dict[str, Any]) -> None:
-        self._rows.append((queue, message))
+    def add(self, row: Outgoing) -> None:
+        self._rows.append(row)
         if len(self._rows) >= self.max_size:
             self.flush()
 
@@ -166,6 +214,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         super().__init__(connection, **kwargs)
         validate_name(self.schema, "broker schema")
         self.table = sql.Identifier(self.schema, "messages")
+        self.subscriptions = sql.Identifier(self.schema, "subscriptions")
+        #: ``basic_return``: the callbacks of producers told of messages nothing routed.
+        self.events: dict[str, set[Callable[..., Any]]] = defaultdict(set)
         self.db = connection.connect_db()
         connection.ensure_schema(self.db, self.schema)
         self._pending_acks: list[tuple[int, str]] = []
@@ -179,37 +230,120 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     def create_publish_batch(self, max_size: int) -> PublishBatch:
         return PublishBatch(self, max_size)
 
-    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        batch = kwargs.pop("_publish_batch", None)
-        if batch is not None:
-            batch.add(queue, message)
-        else:
-            self.insert([(queue, message)])
+    def basic_publish(
+        self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any
+    ) -> None:
+        """A message for a queue (no exchange), or for every queue bound to ``routing_key``
+        on ``exchange`` (the routing happens in the INSERT, from the subscriptions table)."""
+        if not exchange:
+            super().basic_publish(message, exchange, routing_key, **kwargs)
+            return
+        self._inplace_augment_message(message, exchange, routing_key)
+        self._send((exchange, routing_key, message), kwargs.pop("_publish_batch", None))
 
-    def insert(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """Insert messages in one statement (one commit), then wake their consumers."""
-        queues, bodies, headers, properties, delays = [], [], [], [], []
-        for queue, message in rows:
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        self._send(("", queue, message), kwargs.pop("_publish_batch", None))
+
+    def _send(self, row: Outgoing, batch: PublishBatch | None) -> None:
+        if batch is not None:
+            batch.add(row)
+        else:
+            self.insert([row])
+
+    def insert(self, rows: Sequence[Outgoing]) -> None:
+        """Insert messages in one statement (one commit), then wake their consumers; a
+        message sent to an exchange that no queue is bound to goes to ``basic_return``."""
+        exchanges, keys, bodies, headers, properties, delays = [], [], [], [], [], []
+        for exchange, routing_key, message in rows:
             body = message["body"]
             props = dict(message.get("properties") or {})
             props["content-type"] = message.get("content-type")
             props["content-encoding"] = message.get("content-encoding")
             head = message.get("headers") or {}
-            queues.append(queue)
+            exchanges.append(exchange)
+            keys.append(routing_key)
             bodies.append(body if isinstance(body, bytes) else str(body).encode("utf-8"))
             headers.append(json.dumps(head))
             properties.append(json.dumps(props))
             delays.append(float(head.get("x-delay") or 0) / 1000.0)
+        if not any(exchanges):  # commands only: the plain insert
+            self.db.execute(
+                sql.SQL(
+                    "INSERT INTO {} (queue, body, headers, properties, visible_at) "
+                    "SELECT q, b, h::jsonb, p::jsonb, now() + d * interval '1 second' "
+                    "FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::text[], %s::float8[]) "
+                    "AS m(q, b, h, p, d)"
+                ).format(self.table),
+                (keys, bodies, headers, properties, delays),
+            )
+            self.connection.notify(self.db, self.schema, keys)
+            return
+        statement = sql.SQL(_ROUTED_INSERT).format(
+            table=self.table, subscriptions=self.subscriptions
+        )
+        row = self.db.execute(
+            statement, (exchanges, keys, bodies, headers, properties, delays)
+        ).fetchone()
+        assert row is not None
+        queues, unrouted = row
+        self.connection.notify(self.db, self.schema, queues)
+        for n in unrouted:
+            exchange, routing_key, message = rows[n - 1]
+            self._return(exchange, routing_key, message, bodies[n - 1])
+
+    def _return(
+        self, exchange: str, routing_key: str, message: dict[str, Any], body: bytes
+    ) -> None:
+        """Tell the producers that nothing is bound to ``routing_key`` on ``exchange``."""
+        callbacks = self.events["basic_return"]
+        if not callbacks:
+            logger.debug("no queue bound to %r on %r: message dropped", routing_key, exchange)
+        returned = ReturnedMessage(dict(message.get("properties") or {}), body)
+        reason = f"NO_ROUTE - no queue bound to {routing_key!r} on {exchange!r}"
+        for callback in list(callbacks):
+            callback(LookupError(reason), exchange, routing_key, returned)
+
+    # -- bindings --------------------------------------------------------------
+
+    def queue_bind(
+        self,
+        queue: str,
+        exchange: str | None = None,
+        routing_key: str = "",
+        arguments: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Bind ``queue`` to ``routing_key`` on ``exchange``: a row, kept by the broker."""
         self.db.execute(
             sql.SQL(
-                "INSERT INTO {} (queue, body, headers, properties, visible_at) "
-                "SELECT q, b, h::jsonb, p::jsonb, now() + d * interval '1 second' "
-                "FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::text[], %s::float8[]) "
-                "AS m(q, b, h, p, d)"
-            ).format(self.table),
-            (queues, bodies, headers, properties, delays),
+                "INSERT INTO {} (exchange, routing_key, queue) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING"
+            ).format(self.subscriptions),
+            (exchange or "amq.direct", routing_key, queue),
         )
-        self.connection.notify(self.db, self.schema, queues)
+
+    def queue_unbind(
+        self,
+        queue: str,
+        exchange: str | None = None,
+        routing_key: str = "",
+        arguments: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.db.execute(
+            sql.SQL(
+                "DELETE FROM {} WHERE exchange = %s AND routing_key = %s AND queue = %s"
+            ).format(self.subscriptions),
+            (exchange or "amq.direct", routing_key, queue),
+        )
+
+    def bindings(self) -> list[tuple[str, str, str, Any]]:
+        """Every binding: (exchange, routing key, queue, created_at)."""
+        return self.db.execute(
+            sql.SQL(
+                "SELECT exchange, routing_key, queue, created_at FROM {} ORDER BY 1, 2, 3"
+            ).format(self.subscriptions)
+        ).fetchall()
 
     # -- consuming -----------------------------------------------------------
 
@@ -402,7 +536,11 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         return cursor.rowcount
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        """Delete the queue: its messages and its bindings."""
         self.db.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(self.table), (queue,))
+        self.db.execute(
+            sql.SQL("DELETE FROM {} WHERE queue = %s").format(self.subscriptions), (queue,)
+        )
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kw: Any
@@ -469,16 +607,19 @@ class Transport(virtual.Transport):  # type: ignore[misc]
     def ensure_schema(self, db: psycopg.Connection[Any], schema: str) -> None:
         if schema in self._schemas_ready:
             return
-        table = sql.Identifier(schema, "messages")
-        exists = db.execute("SELECT to_regclass(%s)", (f"{schema}.messages",)).fetchone()
+        exists = db.execute(
+            "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+            (f"{schema}.messages", f"{schema}.subscriptions"),
+        ).fetchone()
         if not (exists and exists[0]):
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
                 db.execute(
                     sql.SQL(_DDL).format(
                         schema=sql.Identifier(schema),
-                        table=table,
+                        table=sql.Identifier(schema, "messages"),
                         index=sql.Identifier("messages_ready"),
+                        subscriptions=sql.Identifier(schema, "subscriptions"),
                     )
                 )
         self._schemas_ready.add(schema)
