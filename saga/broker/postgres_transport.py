@@ -37,13 +37,11 @@ not in the consumer's memory:
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -52,6 +50,15 @@ import psycopg
 from kombu.transport import virtual
 from psycopg import sql
 
+from saga.broker.postgres_publishing import (
+    DEFAULT_EXCHANGE,
+    SUBSCRIPTIONS_DDL,
+    Bindings,
+    Outgoing,
+    PublishBatch,
+    ReturnedMessage,
+    columns_of,
+)
 from saga.db.sql import validate_name
 from saga.observability.redaction import redact_url
 
@@ -86,46 +93,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     enqueued_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id);
-CREATE TABLE IF NOT EXISTS {subscriptions} (
-    exchange text NOT NULL,
-    routing_key text NOT NULL,
-    queue text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (exchange, routing_key, queue)
-);
 """
-
-#: The messages of one flush with their exchange ('' for a queue named by the routing
-#: key) and routing key; a message sent to an exchange becomes a row per bound queue.
-_ROUTED_INSERT = """
-WITH m AS (
-    SELECT * FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::text[], %s::text[],
-                         %s::float8[]) WITH ORDINALITY AS m(x, k, b, h, p, d, n)
-), routed AS (
-    SELECT m.n, CASE WHEN m.x = '' THEN m.k ELSE s.queue END AS queue, m.b, m.h, m.p, m.d
-    FROM m LEFT JOIN {subscriptions} s ON m.x <> '' AND s.exchange = m.x AND s.routing_key = m.k
-), inserted AS (
-    INSERT INTO {table} (queue, body, headers, properties, visible_at)
-    SELECT queue, b, h::jsonb, p::jsonb, now() + d * interval '1 second'
-    FROM routed WHERE queue IS NOT NULL ORDER BY n, queue
-    RETURNING queue
-)
-SELECT ARRAY(SELECT DISTINCT queue FROM inserted),
-       ARRAY(SELECT n FROM routed WHERE queue IS NULL ORDER BY n)
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class ReturnedMessage:
-    """A message no binding routed, as ``on_return`` callbacks receive it."""
-
-    properties: dict[str, Any]
-    body: bytes
-
-
-#: One message to insert: (exchange, routing key, kombu's message dict). An empty
-#: exchange sends it to the queue the routing key names.
-Outgoing = tuple[str, str, dict[str, Any]]
 
 
 def wake_channel(schema: str) -> str:
@@ -166,34 +134,6 @@ class QoS(virtual.QoS):  # type: ignore[misc]
         return []
 
 
-class PublishBatch:
-    """A producer's batch (``Producer.batch()``): one multi-row INSERT per flush."""
-
-    def __init__(self, channel: Channel, max_size: int) -> None:
-        self.channel = channel
-        self.max_size = max_size
-        self._rows: list[Outgoing] = []
-
-    def publish(self, message: dict[str, Any], **kwargs: Any) -> Any:
-        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
-
-    def add(self, row: Outgoing) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= self.max_size:
-            self.flush()
-
-    def flush(self) -> None:
-        rows, self._rows = self._rows, []
-        if rows:
-            self.channel.insert(rows)
-
-    def discard(self) -> None:
-        self._rows = []
-
-    def close(self) -> None:
-        self._rows = []
-
-
 class Channel(virtual.Channel):  # type: ignore[misc]
     QoS = QoS
     body_encoding = None  # bytes go to a bytea column as they are
@@ -214,7 +154,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         super().__init__(connection, **kwargs)
         validate_name(self.schema, "broker schema")
         self.table = sql.Identifier(self.schema, "messages")
-        self.subscriptions = sql.Identifier(self.schema, "subscriptions")
+        self.bindings = Bindings(self.schema)
         #: ``basic_return``: the callbacks of producers told of messages nothing routed.
         self.events: dict[str, set[Callable[..., Any]]] = defaultdict(set)
         self.db = connection.connect_db()
@@ -253,43 +193,11 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     def insert(self, rows: Sequence[Outgoing]) -> None:
         """Insert messages in one statement (one commit), then wake their consumers; a
         message sent to an exchange that no queue is bound to goes to ``basic_return``."""
-        exchanges, keys, bodies, headers, properties, delays = [], [], [], [], [], []
-        for exchange, routing_key, message in rows:
-            body = message["body"]
-            props = dict(message.get("properties") or {})
-            props["content-type"] = message.get("content-type")
-            props["content-encoding"] = message.get("content-encoding")
-            head = message.get("headers") or {}
-            exchanges.append(exchange)
-            keys.append(routing_key)
-            bodies.append(body if isinstance(body, bytes) else str(body).encode("utf-8"))
-            headers.append(json.dumps(head))
-            properties.append(json.dumps(props))
-            delays.append(float(head.get("x-delay") or 0) / 1000.0)
-        if not any(exchanges):  # commands only: the plain insert
-            self.db.execute(
-                sql.SQL(
-                    "INSERT INTO {} (queue, body, headers, properties, visible_at) "
-                    "SELECT q, b, h::jsonb, p::jsonb, now() + d * interval '1 second' "
-                    "FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::text[], %s::float8[]) "
-                    "AS m(q, b, h, p, d)"
-                ).format(self.table),
-                (keys, bodies, headers, properties, delays),
-            )
-            self.connection.notify(self.db, self.schema, keys)
-            return
-        statement = sql.SQL(_ROUTED_INSERT).format(
-            table=self.table, subscriptions=self.subscriptions
-        )
-        row = self.db.execute(
-            statement, (exchanges, keys, bodies, headers, properties, delays)
-        ).fetchone()
-        assert row is not None
-        queues, unrouted = row
+        columns = columns_of(rows)
+        queues, unrouted = self.bindings.insert(self.db, columns)
         self.connection.notify(self.db, self.schema, queues)
         for n in unrouted:
-            exchange, routing_key, message = rows[n - 1]
-            self._return(exchange, routing_key, message, bodies[n - 1])
+            self._return(*rows[n], columns[2][n])
 
     def _return(
         self, exchange: str, routing_key: str, message: dict[str, Any], body: bytes
@@ -314,13 +222,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         """Bind ``queue`` to ``routing_key`` on ``exchange``: a row, kept by the broker."""
-        self.db.execute(
-            sql.SQL(
-                "INSERT INTO {} (exchange, routing_key, queue) VALUES (%s, %s, %s) "
-                "ON CONFLICT DO NOTHING"
-            ).format(self.subscriptions),
-            (exchange or "amq.direct", routing_key, queue),
-        )
+        self.bindings.bind(self.db, exchange or DEFAULT_EXCHANGE, routing_key, queue)
 
     def queue_unbind(
         self,
@@ -330,20 +232,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         arguments: Any = None,
         **kwargs: Any,
     ) -> None:
-        self.db.execute(
-            sql.SQL(
-                "DELETE FROM {} WHERE exchange = %s AND routing_key = %s AND queue = %s"
-            ).format(self.subscriptions),
-            (exchange or "amq.direct", routing_key, queue),
-        )
-
-    def bindings(self) -> list[tuple[str, str, str, Any]]:
-        """Every binding: (exchange, routing key, queue, created_at)."""
-        return self.db.execute(
-            sql.SQL(
-                "SELECT exchange, routing_key, queue, created_at FROM {} ORDER BY 1, 2, 3"
-            ).format(self.subscriptions)
-        ).fetchall()
+        self.bindings.unbind(self.db, exchange or DEFAULT_EXCHANGE, routing_key, queue)
 
     # -- consuming -----------------------------------------------------------
 
@@ -538,9 +427,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
         """Delete the queue: its messages and its bindings."""
         self.db.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(self.table), (queue,))
-        self.db.execute(
-            sql.SQL("DELETE FROM {} WHERE queue = %s").format(self.subscriptions), (queue,)
-        )
+        self.bindings.unbind_queue(self.db, queue)
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kw: Any
@@ -615,7 +502,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
                 db.execute(
-                    sql.SQL(_DDL).format(
+                    sql.SQL(_DDL + SUBSCRIPTIONS_DDL).format(
                         schema=sql.Identifier(schema),
                         table=sql.Identifier(schema, "messages"),
                         index=sql.Identifier("messages_ready"),
