@@ -17,7 +17,7 @@ saga is registered), not when a saga instance first reaches them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar, cast, get_type_hints
 from uuid import UUID
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga.db.sql import Tx, validate_name
 from saga.errors import ConfigurationError, SagaDataTooLarge
+from saga.messaging.envelope import message_type_of
 
 D = TypeVar("D", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -41,6 +42,8 @@ LocalAction = Callable[[Tx, Any], BaseModel | None]
 CommandBuilder = Callable[[Any], BaseModel]
 ReplyHandler = Callable[[Any, Any], BaseModel]
 Condition = Callable[[Any], bool]
+#: A key out of saga data or an event (compared as text).
+KeyOf = Callable[[Any], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,10 @@ class WaitStep:
     None); raising :class:`~saga.errors.StepFailed` compensates, or, after the
     pivot, refuses the event and keeps waiting. On timeout the saga compensates,
     or jumps to the step named by ``on_timeout``.
+
+    With ``correlate`` the wait is for a published event (``payload`` is its class):
+    the saga waits under the key ``correlate(data)``, and an event whose
+    ``event_key(event)`` is that key ends the wait (a signal still does too).
     """
 
     name: str
@@ -115,8 +122,28 @@ class WaitStep:
     pivot: bool = False
     retry: StepRetry | None = None
     compensation: None = None
+    correlate: KeyOf | None = None
+    event_key: KeyOf | None = None
 
     kind = "wait"
+
+    def key_of_data(self, data: BaseModel) -> str | None:
+        """The key this wait is under for ``data``; None for a wait that no event ends."""
+        return _key(self.correlate, data, f"correlate of wait step {self.name!r}")
+
+    def key_of_event(self, event: BaseModel) -> str | None:
+        """The key ``event`` carries for this wait (None when it waits for no event)."""
+        return _key(self.event_key, event, f"event_key of wait step {self.name!r}")
+
+
+def _key(key_of: KeyOf | None, value: BaseModel, what: str) -> str | None:
+    """``key_of(value)`` as text: keys compare as text, whatever type they have."""
+    if key_of is None:
+        return None
+    key = key_of(value)
+    if key is None or key == "":
+        raise ConfigurationError(f"{what} gave no key for {type(value).__name__} {value!r}")
+    return str(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,15 +322,42 @@ class Saga(Generic[D]):
         self,
         name: str,
         *,
-        event: str,
-        payload: type[R],
+        event: str | type[R],
+        payload: type[R] | None = None,
         timeout: timedelta | None = None,
         on_event: Callable[[D, R], D] | None = None,
         on_timeout: str = COMPENSATE,
         when: Callable[[D], bool] | None = None,
+        correlate: Callable[[D], object] | None = None,
+        event_key: str | Callable[[R], object] | None = None,
     ) -> None:
-        """A step that waits for ``event`` (its data validated as ``payload``)."""
-        self.steps.append(WaitStep(name, event, payload, timeout, on_event, on_timeout, when))
+        """A step that waits for ``event``: a name (``saga signal``; its data validated as
+        ``payload``), or a published event's class, with ``correlate`` (the key in the saga's
+        data) and ``event_key`` (the field of the event, or a function of it, that carries
+        the key): the first such event with this saga's key ends the wait.
+
+        The saga's home service subscribes to the event. One that comes before the saga
+        waits for it is kept (``early_events``) and ends the wait as soon as it begins.
+        """
+        if isinstance(event, type):
+            if correlate is None or event_key is None:
+                raise ConfigurationError(
+                    f"wait step {name!r} waits for the published event {event.__name__}: say "
+                    "which one with correlate= (the key in the saga data) and event_key= "
+                    "(the event's field, or a function of the event, that carries it)"
+                )
+            payload, event_name = event, message_type_of(event)
+        elif correlate is not None or event_key is not None:
+            raise ConfigurationError(
+                f"wait step {name!r}: correlate= and event_key= need a published event's "
+                f"class as event=, not the signal name {event!r}"
+            )
+        elif payload is None:
+            raise ConfigurationError(f"wait step {name!r}: give payload= for signal {event!r}")
+        else:
+            event_name = event
+        step = WaitStep(name, event_name, payload, timeout, on_event, on_timeout, when)
+        self.steps.append(replace(step, correlate=correlate, event_key=_key_of(event_key)))
 
     def migrate_from(self, version: int, *, unless_passed: str) -> None:
         """Move running sagas of ``version`` to this one, except those past ``unless_passed``.
@@ -536,6 +590,14 @@ class FieldsBuilder:
             for name, field in self.model.model_fields.items()
             if field.is_required() and (field.alias or name) not in available
         ]
+
+
+def _key_of(event_key: str | KeyOf | None) -> KeyOf | None:
+    """An ``event_key``: a field name becomes a function reading that field."""
+    if isinstance(event_key, str):
+        field_name = event_key
+        return lambda event: getattr(event, field_name, None)
+    return event_key
 
 
 def _builder(command: CommandBuilder | type[BaseModel]) -> CommandBuilder:

@@ -10,7 +10,7 @@ optimistic ``WHERE version = n``. A lost race raises
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -20,11 +20,13 @@ import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.engine.batch import SagaBatch
-from saga.engine.definition import LocalAction, Saga
+from saga.engine.definition import LocalAction, Saga, WaitStep
+from saga.engine.event_waits import EventWaits
 from saga.engine.home import SagaHome
 from saga.engine.outcomes import LocalOutcome
 from saga.engine.routing import (
     awaits,
+    awaits_event,
     awaits_reply,
     deadline_applies,
     may_undo,
@@ -73,6 +75,7 @@ class Orchestrator:
         self.definitions = definitions
         self.store = home.store
         self.async_store = AsyncSagaStore(self.store)
+        self.event_waits = EventWaits(home.schema)
         #: What time it is for the sagas' transitions and step log (saga.testing's virtual
         #: clock replaces it; the timers themselves are delayed outbox rows).
         self.clock: Callable[[], datetime] = now
@@ -108,6 +111,8 @@ class Orchestrator:
                 if not self.store.insert(tx, result.record, fingerprint):
                     raise IdempotencyKeyTaken
                 self.home.persist(tx, None, result.log, result.outgoing, result.dead_letters)
+                if result.started_wait is not None:
+                    self._deliver_early(tx, result.record, *result.started_wait, None, None)
         except IdempotencyKeyTaken:
             assert idempotency_key is not None
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
@@ -199,15 +204,35 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._load(tx, signal.saga_id, batch)
-        with self._transition(tx, self._definition(record), record, None) as run:
-            try:
-                refused = run.on_signal(signal)
-            except ValidationError as exc:
-                refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
-            if not refused:
-                self._apply(tx, run, metrics, batch)
-        if refused:
-            self._ignored(tx, record, f"signal {signal.event}", refused, batch)
+        self._signalled(tx, record, signal, "signal", metrics, batch)
+
+    def on_event(
+        self,
+        tx: psycopg.Connection[Any],
+        event: BaseModel,
+        envelope: Envelope,
+        waits: Sequence[WaitStep],
+        metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
+    ) -> None:
+        """A published event ends the wait of every saga waiting for it under a key it
+        carries (``waits``: the wait steps for its type); with none, it is kept for the saga
+        that will wait for it."""
+        keys = sorted({key for step in waits if (key := step.key_of_event(event)) is not None})
+        self.event_waits.lock(tx, envelope.type, keys)
+        found = set(self.event_waits.waiting(tx, envelope.type, keys))
+        if batch is not None:
+            found.update(batch.waiting_for_event(envelope.type, keys))
+        delivered = 0
+        for saga_id in sorted(found):
+            record = self._read(tx, saga_id, batch)
+            key = self._wait_key(record, event) if record is not None else None
+            if record is not None and awaits_event(record, envelope.type, key):
+                signal = Signal(saga_id=saga_id, event=envelope.type, data=envelope.payload)
+                self._signalled(tx, record, signal, "event", metrics, batch)
+                delivered += 1
+        if not delivered:
+            self.event_waits.park(tx, envelope.type, keys, envelope.message_id, envelope.payload)
 
     def on_wait_timeout(
         self,
@@ -403,6 +428,51 @@ class Orchestrator:
             )
         return record
 
+    def _signalled(
+        self,
+        tx: psycopg.Connection[Any],
+        record: SagaRecord,
+        signal: Signal,
+        what: str,
+        metrics: Metrics | None,
+        batch: SagaBatch | None,
+    ) -> None:
+        """Apply ``signal`` (a signal, or a published event as one), or record why not."""
+        with self._transition(tx, self._definition(record), record, None) as run:
+            try:
+                refused = run.on_signal(signal)
+            except ValidationError as exc:
+                refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
+            if not refused:
+                self._apply(tx, run, metrics, batch)
+        if refused:
+            self._ignored(tx, record, f"{what} {signal.event}", refused, batch)
+
+    def _wait_key(self, record: SagaRecord, event: BaseModel) -> str | None:
+        """The key ``event`` carries for the wait step ``record`` is at (None: not waiting)."""
+        step = self._definition(record).step(record.step) if record.step else None
+        return step.key_of_event(event) if isinstance(step, WaitStep) else None
+
+    def _deliver_early(
+        self,
+        tx: psycopg.Connection[Any],
+        record: SagaRecord,
+        event_type: str,
+        key: str,
+        metrics: Metrics | None,
+        batch: SagaBatch | None,
+    ) -> None:
+        """The saga began to wait for (``event_type``, ``key``): an event that came before
+        ends the wait at once."""
+        self.event_waits.lock(tx, event_type, [key])
+        early = self.event_waits.take(tx, event_type, key)
+        if early is None:
+            return
+        current = self._read(tx, record.id, batch) if batch is not None else record
+        assert current is not None
+        signal = Signal(saga_id=record.id, event=event_type, data=early.payload)
+        self._signalled(tx, current, signal, "early event", metrics, batch)
+
     def _definition(self, record: SagaRecord) -> Saga[Any]:
         """The definition ``record`` runs under (its name and version)."""
         return self.definitions(record.name, record.saga_version)
@@ -441,10 +511,12 @@ class Orchestrator:
         result = transition.result()
         if batch is not None:
             batch.stage(result, transition.saga.name, metrics)
-            return
-        self.home.persist(tx, result.record, result.log, result.outgoing, result.dead_letters)
-        if metrics is not None and result.ended is not None:
-            metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
+        else:
+            self.home.persist(tx, result.record, result.log, result.outgoing, result.dead_letters)
+            if metrics is not None and result.ended is not None:
+                metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
+        if result.started_wait is not None:
+            self._deliver_early(tx, result.record, *result.started_wait, metrics, batch)
 
 
 def now() -> datetime:

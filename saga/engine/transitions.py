@@ -92,6 +92,8 @@ class Transition:
         self.log: list[StepLogEntry] = []
         self.outgoing: list[OutgoingMessage] = []
         self.dead_letters: list[DeadLetter] = []
+        #: (event type, key) of the wait for a published event this transition began
+        self.started_wait: tuple[str, str] | None = None
 
     # -- events --------------------------------------------------------------
 
@@ -192,6 +194,9 @@ class Transition:
         record.step_started_at = self.at
         record.waiting_for = step.event
         record.wait_schema = _schema(step.payload)
+        record.wait_key = step.key_of_data(self.data)
+        if record.wait_key is not None:  # an event that came early may end it at once
+            self.started_wait = (step.event, record.wait_key)
         if step.timeout is None:
             record.pending_message_id = self.new_id()  # only a signal will end this wait
             record.wait_deadline = None
@@ -206,6 +211,7 @@ class Transition:
     def _end_wait(self) -> None:
         self.record.waiting_for = None
         self.record.wait_schema = None
+        self.record.wait_key = None
         self.record.wait_deadline = None
 
     def on_signal(self, signal: Signal) -> str | None:
@@ -591,7 +597,9 @@ class Transition:
         status = self.record.status
         changed = status != self.initial_status
         ended = status if changed and (status.finished or status.needs_operator) else None
-        return TransitionResult(self.record, self.log, self.outgoing, self.dead_letters, ended)
+        return TransitionResult(
+            self.record, self.log, self.outgoing, self.dead_letters, ended, self.started_wait
+        )
 
 
 def _holds_dead_letters(step: Step) -> bool:
