@@ -8,6 +8,7 @@ PostgreSQL broker); what needs bindings shared between processes, on the last tw
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 
@@ -226,3 +227,32 @@ def test_redis_carries_commands_but_refuses_events_loudly(
     finally:
         broker.cleanup()
     assert BrokerConfig(redis_url).is_redis
+
+
+def test_saga_subscriptions_lists_who_subscribes_to_what_per_service_and_broker(
+    subscriber_dbs: dict[str, TestDatabase], shared_event_broker: TestBroker
+) -> None:
+    broker = shared_event_broker
+    with ExitStack() as stack:
+        running_subscribers(stack, subscriber_dbs, broker)
+    urls = [arg for db in subscriber_dbs.values() for arg in ("--database-url", db.url)]
+    listed = saga_cli(
+        subscriber_dbs["billing"].url, "subscriptions", *urls, "--broker-url", broker.url, "--json"
+    )
+    assert listed.returncode == 0, listed.stderr
+    document = json.loads(listed.stdout)
+    services = {(s["service"], s["event"], s["queue"]) for s in document["services"]}
+    assert services == {(n, "Happened", broker.topology.queue_name(n)) for n in SUBSCRIBERS}
+    exchange = broker.topology.events_exchange_name
+    if broker.kind == "postgres":  # the broker's own routing table, too
+        bindings = {
+            (b["event"], b["queue"])
+            for b in document["broker_bindings"]
+            if b["exchange"] == exchange
+        }
+        assert bindings == {("Happened", broker.topology.queue_name(n)) for n in SUBSCRIBERS}
+    else:
+        assert "broker_bindings" not in document
+    table = saga_cli(subscriber_dbs["billing"].url, "subscriptions")
+    assert table.returncode == 0 and "billing" in table.stdout and "Happened" in table.stdout
+    assert "notices" not in table.stdout  # that service's database was not named
