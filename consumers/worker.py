@@ -192,22 +192,21 @@ class Worker:
         logger.info("%s consuming %s", self.name, queue.name, extra={"consumer": self.service.name})
 
     def _subscribe(self, conn: Connection, channel: Any) -> None:
-        """Bind the service's queue to the events it subscribes to, and record that."""
+        """Bind the service's queue to the events it subscribes to, unbind it from those it
+        recorded before and dropped since, and record what it is bound to now."""
         events = self.service.subscriptions
-        if not events:
-            return
-        check_events_supported(conn, f"service {self.service.name!r} subscribes to {events}")
-        declare_subscriptions(channel, self.topology, self.service.name, events)
         db = self._db
         assert db is not None
+        where = (redact_url(self.broker.url), self.topology.queue_name(self.service.name))
         with db.transaction():
-            self._events.record_subscriptions(
-                db,
-                self.service.name,
-                events,
-                redact_url(self.broker.url),
-                self.topology.queue_name(self.service.name),
-            )
+            dropped = self._events.forget_others(db, self.service.name, events, *where)
+            if not (events or dropped):
+                return
+            check_events_supported(conn, f"service {self.service.name!r} subscribes to {events}")
+            declare_subscriptions(channel, self.topology, self.service.name, events, dropped)
+            self._events.record_subscriptions(db, self.service.name, events, *where)
+        if dropped:
+            logger.info("%s no longer subscribes to %s: unbound", self.name, dropped)
 
     def _close(self) -> None:
         if self._publisher is not None:

@@ -94,15 +94,21 @@ def check_events_supported(connection: Connection, what: str) -> None:
 
 
 def declare_subscriptions(
-    channel: object, topology: Topology, destination: str, event_types: Sequence[str]
+    channel: object,
+    topology: Topology,
+    destination: str,
+    event_types: Sequence[str],
+    dropped: Sequence[str] = (),
 ) -> None:
     """Declare the events exchange and bind ``destination``'s queue to each event type
-    (idempotent: run on every connect)."""
+    (idempotent: run on every connect); unbind it from the ``dropped`` ones."""
     exchange = topology.events_exchange()
     exchange(channel).declare()
     queue = topology.queue(destination)(channel)
     for event_type in event_types:
         queue.bind_to(exchange, routing_key=event_type)
+    for event_type in dropped:
+        queue.unbind_from(exchange, routing_key=event_type)
 
 
 #: Seconds between AMQP heartbeats unless configured.

@@ -2,7 +2,9 @@
 
 - ``subscriptions``: each consumer service writes the bindings it declared, with the
   broker and queue, every time a worker connects (``saga subscriptions`` reads them;
-  ``first_declared_at`` is when the service started receiving that event).
+  ``first_declared_at`` is when the service started receiving that event). What it
+  recorded before and no longer subscribes to is how a worker knows which bindings to
+  remove.
 - ``events_unrouted``: the events a relay (or a consumer publishing its own rows)
   published that reached no subscriber. Not an error: they are dropped, and counted
   here per event type for ``saga stats``.
@@ -24,6 +26,13 @@ _RECORD_SUBSCRIPTIONS = """
 INSERT INTO {schema}.subscriptions (consumer, message_type, broker, queue)
 SELECT %s, unnest(%s::text[]), %s, %s
 ON CONFLICT (consumer, message_type, broker, queue) DO UPDATE SET last_declared_at = now()
+"""
+
+#: The subscriptions a consumer recorded on this broker and queue that it no longer has.
+_FORGET_OTHERS = """
+DELETE FROM {schema}.subscriptions
+WHERE consumer = %s AND broker = %s AND queue = %s AND NOT (message_type = ANY(%s::text[]))
+RETURNING message_type
 """
 
 _SUBSCRIPTIONS = """
@@ -71,6 +80,7 @@ class EventRecords:
 
     def __init__(self, schema: str) -> None:
         self._record = render(_RECORD_SUBSCRIPTIONS, schema)
+        self._forget_others = render(_FORGET_OTHERS, schema)
         self._subscriptions = render(_SUBSCRIPTIONS, schema)
         self._count_unrouted = render(_COUNT_UNROUTED, schema)
         self._unrouted = render(_UNROUTED, schema)
@@ -87,6 +97,19 @@ class EventRecords:
         is bound to ``message_types``, now."""
         if message_types:
             conn.execute(self._record, (consumer, list(message_types), broker, queue))
+
+    def forget_others(
+        self,
+        conn: psycopg.Connection[Any],
+        consumer: str,
+        message_types: Sequence[str],
+        broker: str,
+        queue: str,
+    ) -> list[str]:
+        """Drop what ``consumer`` recorded for this broker and queue beyond ``message_types``
+        (subscriptions its code no longer has); return the event types dropped."""
+        params = (consumer, broker, queue, list(message_types))
+        return sorted(row[0] for row in conn.execute(self._forget_others, params))
 
     def subscriptions(self, conn: psycopg.Connection[Any]) -> list[Subscription]:
         return [Subscription(*row) for row in conn.execute(self._subscriptions)]

@@ -64,7 +64,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("SELECT, INSERT, UPDATE", "side_effects", service),
         ("SELECT, INSERT", "closed_steps", service),
         ("SELECT", "schema_migrations", service),
-        ("SELECT, INSERT, UPDATE", "subscriptions", service),
+        ("SELECT, INSERT, UPDATE, DELETE", "subscriptions", service),
         ("SELECT, INSERT, UPDATE", "events_unrouted", service),
         ("SELECT, INSERT, DELETE", "early_events", service),
     ]

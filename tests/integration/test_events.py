@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from saga import Outbox
+from saga import Outbox, Service
 from saga.broker.transport import BrokerConfig
 from saga.consumers import Outcome, ServiceRunner
 from saga.errors import EventsNotSupported
@@ -256,3 +256,20 @@ def test_saga_subscriptions_lists_who_subscribes_to_what_per_service_and_broker(
     table = saga_cli(subscriber_dbs["billing"].url, "subscriptions")
     assert table.returncode == 0 and "billing" in table.stdout and "Happened" in table.stdout
     assert "notices" not in table.stdout  # that service's database was not named
+
+
+def test_a_subscription_dropped_from_the_code_is_unbound_when_the_service_connects(
+    db: TestDatabase, subscriber_dbs: dict[str, TestDatabase], shared_event_broker: TestBroker
+) -> None:
+    broker = shared_event_broker
+    with ExitStack() as stack:
+        running_subscribers(stack, subscriber_dbs, broker, "ledger")  # bound to Happened
+    ledger_v2 = Service("ledger")  # the next version no longer subscribes to it
+    ledger_v2.add_handler(Announce, lambda tx, command, ctx: None)
+    with running_service(ledger_v2, subscriber_dbs["ledger"], broker) as runner:
+        publish(db, "after-the-change")
+        with Relay(db.url, broker.config, topology=broker.topology) as relay:
+            assert relay.drain() == 1
+        assert sum(runner.counts.values()) == 0
+    assert db.rows("SELECT message_type, events FROM saga.events_unrouted") == [("Happened", 1)]
+    assert subscriber_dbs["ledger"].scalar("SELECT count(*) FROM saga.subscriptions") == 0
