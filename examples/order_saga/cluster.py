@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from kombu import Connection
 
-from saga.broker.transport import BrokerConfig, Topology
+from saga.broker.transport import BrokerConfig, Topology, declare_subscriptions
 from saga.db.schema import migrate
 
 #: The order saga's services: its home and its participants.
@@ -92,12 +92,30 @@ class Cluster:
         return f"http://127.0.0.1:{self.gateway_port}"
 
     def prepare(self) -> None:
-        """Migrate every database and create the business tables (idempotent)."""
+        """Migrate every database, create the business tables and bind the subscribers'
+        queues (idempotent)."""
         for service in self.services:
             with psycopg.connect(self.database_urls[service]) as conn:
                 migrate(conn, "saga")
                 conn.execute((SCHEMA_DIR / f"{service}.sql").read_bytes())
         self._seed()
+        self._bind_subscribers()
+
+    def _bind_subscribers(self) -> None:
+        """Bind the subscribers' queues before any order is placed. A subscriber receives
+        the events published after its queue is bound (its consumer does that when it
+        connects), and the invariants expect a notice for every order from the first one,
+        even when orders comes up before notifications."""
+        if not self.has_subscribers:
+            return
+        from saga.examples.order_saga import analytics, notifications
+
+        topology = Topology(queue_prefix=self.queue_prefix)
+        with BrokerConfig(self.broker_url).connect() as conn:
+            channel = conn.channel()
+            for subscriber in (notifications.service, analytics.service):
+                topology.queue(subscriber.name)(channel).declare()
+                declare_subscriptions(channel, topology, subscriber.name, subscriber.subscriptions)
 
     def _seed(self) -> None:
         with psycopg.connect(self.database_urls["customers"]) as conn:
