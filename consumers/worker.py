@@ -198,13 +198,12 @@ class Worker:
         db = self._db
         assert db is not None
         where = (redact_url(self.broker.url), self.topology.queue_name(self.service.name))
-        with db.transaction():
-            dropped = self._events.forget_others(db, self.service.name, events, *where)
+        with db.transaction():  # the broker refuses, and nothing is recorded
+            dropped = self._events.replace_subscriptions(db, self.service.name, events, *where)
             if not (events or dropped):
                 return
             check_events_supported(conn, f"service {self.service.name!r} subscribes to {events}")
             declare_subscriptions(channel, self.topology, self.service.name, events, dropped)
-            self._events.record_subscriptions(db, self.service.name, events, *where)
         if dropped:
             logger.info("%s no longer subscribes to %s: unbound", self.name, dropped)
 

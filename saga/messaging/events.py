@@ -85,20 +85,7 @@ class EventRecords:
         self._count_unrouted = render(_COUNT_UNROUTED, schema)
         self._unrouted = render(_UNROUTED, schema)
 
-    def record_subscriptions(
-        self,
-        conn: psycopg.Connection[Any],
-        consumer: str,
-        message_types: Sequence[str],
-        broker: str,
-        queue: str,
-    ) -> None:
-        """Note that ``consumer``'s ``queue`` on ``broker`` (a URL without its password)
-        is bound to ``message_types``, now."""
-        if message_types:
-            conn.execute(self._record, (consumer, list(message_types), broker, queue))
-
-    def forget_others(
+    def replace_subscriptions(
         self,
         conn: psycopg.Connection[Any],
         consumer: str,
@@ -106,10 +93,14 @@ class EventRecords:
         broker: str,
         queue: str,
     ) -> list[str]:
-        """Drop what ``consumer`` recorded for this broker and queue beyond ``message_types``
-        (subscriptions its code no longer has); return the event types dropped."""
+        """Record that ``consumer``'s ``queue`` on ``broker`` (a URL without its password) is
+        bound to ``message_types`` now, forgetting what it recorded there beyond them (the
+        subscriptions its code no longer has); return the event types forgotten."""
         params = (consumer, broker, queue, list(message_types))
-        return sorted(row[0] for row in conn.execute(self._forget_others, params))
+        dropped = sorted(row[0] for row in conn.execute(self._forget_others, params))
+        if message_types:
+            conn.execute(self._record, (consumer, list(message_types), broker, queue))
+        return dropped
 
     def subscriptions(self, conn: psycopg.Connection[Any]) -> list[Subscription]:
         return [Subscription(*row) for row in conn.execute(self._subscriptions)]

@@ -164,9 +164,7 @@ class Outbox:
         start) holds the message back until then. Returns the message id.
         On a :class:`psycopg.AsyncConnection`, use :meth:`add_async`.
         """
-        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
-        self.add_many(conn, [outgoing])
-        return outgoing.envelope.message_id
+        return self._write(conn, message, destination, deliver_after, envelope_fields)
 
     async def add_async(
         self,
@@ -178,9 +176,7 @@ class Outbox:
         **envelope_fields: Any,
     ) -> UUID:
         """:meth:`add` on an :class:`psycopg.AsyncConnection`: the same row, the same rules."""
-        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
-        await self.add_many_async(conn, [outgoing])
-        return outgoing.envelope.message_id
+        return await self._write_async(conn, message, destination, deliver_after, envelope_fields)
 
     def publish(
         self,
@@ -198,9 +194,7 @@ class Outbox:
         (``saga stats``) and drops it. On a :class:`psycopg.AsyncConnection`, use
         :meth:`publish_async`.
         """
-        outgoing = self._outgoing(event, None, deliver_after, envelope_fields)
-        self.add_many(conn, [outgoing])
-        return outgoing.envelope.message_id
+        return self._write(conn, event, None, deliver_after, envelope_fields)
 
     async def publish_async(
         self,
@@ -211,7 +205,29 @@ class Outbox:
         **envelope_fields: Any,
     ) -> UUID:
         """:meth:`publish` on an :class:`psycopg.AsyncConnection`: the same row, the same rules."""
-        outgoing = self._outgoing(event, None, deliver_after, envelope_fields)
+        return await self._write_async(conn, event, None, deliver_after, envelope_fields)
+
+    def _write(
+        self,
+        conn: psycopg.Connection[Any],
+        message: BaseModel | Envelope,
+        destination: str | None,
+        deliver_after: Delay,
+        envelope_fields: dict[str, Any],
+    ) -> UUID:
+        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
+        self.add_many(conn, [outgoing])
+        return outgoing.envelope.message_id
+
+    async def _write_async(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        message: BaseModel | Envelope,
+        destination: str | None,
+        deliver_after: Delay,
+        envelope_fields: dict[str, Any],
+    ) -> UUID:
+        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
         await self.add_many_async(conn, [outgoing])
         return outgoing.envelope.message_id
 
