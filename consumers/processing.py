@@ -4,7 +4,9 @@ First the inbox rows ``(consumer, message_id)`` of the whole batch, in one
 statement: a message whose row was already there was processed before and is
 skipped. Then the handlers run on the open transaction, in segments of up to
 :data:`SEGMENT` deliveries that share one savepoint: while no handler fails, that
-is one savepoint command per segment instead of one per delivery. A handler that
+is one savepoint command per segment instead of one per delivery (where an
+OpenTelemetry SDK records spans, every delivery has a savepoint of its own, so
+that no handler runs twice and each message has exactly one span). A handler that
 raises rolls its segment back; the deliveries before it in the segment run again,
 each in a savepoint of its own, the failed one goes down its failure path (its
 first try already failed: it is not run again for that), and the batch goes on.
@@ -201,7 +203,9 @@ class BatchProcessor:
     def _handle_all(
         self, conn: psycopg.Connection[Any], items: list[tuple[Delivery, Decoded | Rejection]]
     ) -> list[Outcome]:
-        if self._scope is not None:  # the service's scope guards its own writes
+        # A service's batch scope guards its own writes. Where spans are recorded, a
+        # delivery is never run twice: each message keeps exactly one span.
+        if self._scope is not None or tracing.records_spans():
             return [self._careful(conn, delivery, item) for delivery, item in items]
         outcomes: list[Outcome] = []
         while len(outcomes) < len(items):

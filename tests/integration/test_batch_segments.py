@@ -11,12 +11,14 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Service, StepFailed
 from saga.consumers import BatchProcessor, Delivery, Outcome
 from saga.consumers.processing import SEGMENT
 from saga.messaging.envelope import Envelope
+from saga.observability import tracing
 from tests.support.databases import TestDatabase
 from tests.support.services import EFFECTS_DDL
 
@@ -53,6 +55,12 @@ class SavepointCounter(psycopg.Cursor[Any]):
         if isinstance(query, str) and query.startswith("SAVEPOINT"):
             SavepointCounter.sent += 1
         return super().execute(query, *args, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _no_spans_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a process with no OpenTelemetry SDK (another test may have configured one)."""
+    monkeypatch.setattr(tracing, "records_spans", lambda: False)
 
 
 def _process(db: TestDatabase, messages: list[Write]) -> tuple[list[Outcome], int]:
@@ -113,3 +121,15 @@ def test_a_technical_failure_in_a_segment_is_retried_later_alone(db: TestDatabas
         "SELECT count(*) FROM saga.outbox WHERE destination = 'segmented' AND deliver_after > now()"
     )
     assert retry == 1
+
+
+def test_where_spans_are_recorded_every_delivery_has_its_own_savepoint(
+    db: TestDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracing, "records_spans", lambda: True)
+    messages = [Write(key=f"w{i}") for i in range(SEGMENT + 2)]
+    messages[3] = Write(key="refused", fail="business")
+    outcomes, savepoints = _process(db, messages)
+    assert outcomes.count(Outcome.HANDLED) == len(messages) - 1
+    assert savepoints == len(messages)
+    assert set(runs.values()) == {1}  # no handler ran twice
