@@ -10,7 +10,8 @@ step's CPU, on both ends of the socket. This transport
   :data:`READ_AHEAD` bytes), and the frames are then cut from that buffer;
 - lets a batch publisher gather the frames of its messages and write them at once
   (:func:`gathered_writes`); a read that waits for an answer from the broker (a
-  declare, ``tx.commit``) first sends what was gathered.
+  declare, ``tx.commit``) first sends what was gathered;
+- does not poll the socket before every publish (:class:`ReadAheadConnection`).
 
 Everything else is kombu's ``pyamqp`` transport, unchanged. ``amqps://`` keeps
 py-amqp's SSL transport.
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+from amqp import connection as amqp_connection
 from amqp import transport as amqp_transport
 from kombu import Connection
 from kombu.transport import pyamqp
@@ -101,7 +103,18 @@ class ReadAheadTransport(amqp_transport.TCPTransport):  # type: ignore[misc]
 
 
 class ReadAheadConnection(pyamqp.Connection):  # type: ignore[misc]
-    """kombu's py-amqp connection on a :class:`ReadAheadTransport` (plain TCP only)."""
+    """kombu's py-amqp connection on a :class:`ReadAheadTransport` (plain TCP only).
+
+    It does not ask for ``connection.blocked`` notifications: nothing here acts on
+    them, and with them py-amqp polls the socket before every single publish. A
+    broker short of memory or disk still holds the publishers back (their
+    ``tx.commit`` waits); it just does not say so first.
+    """
+
+    negotiate_capabilities = {
+        **amqp_connection.NEGOTIATE_CAPABILITIES,
+        "connection.blocked": False,
+    }
 
     def Transport(  # noqa: N802 (py-amqp's name)
         self,
