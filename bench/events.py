@@ -1,6 +1,6 @@
 """Events to three subscribers against commands to one service, in the same run.
 
-``python -m bench.events [--messages 20000] [--broker rabbitmq|postgres]``
+``python -m bench.events [--messages 20000] [--broker rabbitmq|postgres] [--save]``
 
 Each side has a publisher database and a relay on it (``saga relay``), and its consumers
 as ``saga consume`` processes, each on a database of its own: for commands one service
@@ -24,7 +24,8 @@ from tempfile import TemporaryDirectory
 
 import psycopg
 
-from bench.environment import AMQP_URL, ScratchDatabase
+from bench.environment import AMQP_URL, ScratchDatabase, machine
+from bench.report import RESULTS
 from saga import Outbox
 from saga.broker.transport import BrokerConfig, Topology
 from saga.examples.fanout.services import SCHEMA, SUBSCRIBERS, Tick
@@ -124,8 +125,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--broker", choices=("rabbitmq", "postgres"), default="rabbitmq")
+    parser.add_argument("--save", action="store_true", help="write bench/results/events-*.json")
     args = parser.parse_args()
-    print(json.dumps(measure(args.messages, args.broker)))
+    figures = measure(args.messages, args.broker)
+    print(json.dumps(figures))
+    if args.save:
+        document = {**figures, "broker": args.broker, "machine": machine()}
+        for tag in (time.strftime("%Y-%m-%d"), "latest"):
+            path = RESULTS / f"events-{args.broker}-{tag}.json"
+            path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
