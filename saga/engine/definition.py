@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar, cast, get_type_hints
+from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.db.sql import Tx, validate_name
+from saga.engine.builders import CommandBuilder, FieldsBuilder, as_builder, message_class
 from saga.errors import ConfigurationError, SagaDataTooLarge
 from saga.messaging.envelope import message_type_of
 
@@ -39,7 +40,6 @@ RETRY = "retry"
 HOLD = "hold"
 DEFAULT_MAX_DATA_BYTES = 64 * 1024
 LocalAction = Callable[[Tx, Any], BaseModel | None]
-CommandBuilder = Callable[[Any], BaseModel]
 ReplyHandler = Callable[[Any, Any], BaseModel]
 Condition = Callable[[Any], bool]
 #: A key out of saga data or an event (compared as text).
@@ -302,12 +302,12 @@ class Saga(Generic[D]):
         self.steps.append(
             RemoteStep(
                 name=name,
-                command=_builder(command),
+                command=as_builder(command),
                 service=service,
-                command_type=_message_type(command),
+                command_type=message_class(command),
                 reply=reply,
                 on_reply=on_reply,
-                compensation=_builder(compensate) if compensate is not None else None,
+                compensation=as_builder(compensate) if compensate is not None else None,
                 compensation_service=compensate_service,
                 when=when,
                 pivot=pivot,
@@ -572,50 +572,9 @@ class Saga(Generic[D]):
         return []
 
 
-class FieldsBuilder:
-    """A message class built from the saga data's fields of the same names."""
-
-    def __init__(self, model: type[BaseModel]) -> None:
-        self.model = model
-        self.__qualname__ = f"{model.__name__}.from_saga_data"
-
-    def __call__(self, data: BaseModel) -> BaseModel:
-        return self.model.model_validate(data.model_dump())
-
-    def missing_fields(self, data_model: type[BaseModel]) -> list[str]:
-        """The message's required fields that ``data_model`` has no field for."""
-        available = set(data_model.model_fields)
-        return [
-            field.alias or name
-            for name, field in self.model.model_fields.items()
-            if field.is_required() and (field.alias or name) not in available
-        ]
-
-
 def _key_of(event_key: str | KeyOf | None) -> KeyOf | None:
     """An ``event_key``: a field name becomes a function reading that field."""
     if isinstance(event_key, str):
         field_name = event_key
         return lambda event: getattr(event, field_name, None)
     return event_key
-
-
-def _builder(command: CommandBuilder | type[BaseModel]) -> CommandBuilder:
-    if isinstance(command, type) and issubclass(command, BaseModel):
-        return FieldsBuilder(command)
-    if not callable(command):
-        raise ConfigurationError(f"command must be a message class or a function, got {command!r}")
-    return cast(CommandBuilder, command)
-
-
-def _message_type(command: object) -> type[BaseModel] | None:
-    if isinstance(command, type) and issubclass(command, BaseModel):
-        return command
-    try:
-        hints = get_type_hints(command)
-    except Exception:
-        return None
-    returned = hints.get("return")
-    if isinstance(returned, type) and issubclass(returned, BaseModel):
-        return returned
-    return None

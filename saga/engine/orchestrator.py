@@ -112,7 +112,7 @@ class Orchestrator:
                     raise IdempotencyKeyTaken
                 self.home.persist(tx, None, result.log, result.outgoing, result.dead_letters)
                 if result.started_wait is not None:
-                    self._deliver_early(tx, result.record, *result.started_wait, None, None)
+                    self._deliver_early(tx, result.record, result.started_wait, None, None)
         except IdempotencyKeyTaken:
             assert idempotency_key is not None
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
@@ -457,13 +457,13 @@ class Orchestrator:
         self,
         tx: psycopg.Connection[Any],
         record: SagaRecord,
-        event_type: str,
-        key: str,
+        wait: tuple[str, str],
         metrics: Metrics | None,
         batch: SagaBatch | None,
     ) -> None:
-        """The saga began to wait for (``event_type``, ``key``): an event that came before
+        """The saga began to wait for ``wait`` (event type, key): an event that came before
         ends the wait at once."""
+        event_type, key = wait
         self.event_waits.lock(tx, event_type, [key])
         early = self.event_waits.take(tx, event_type, key)
         if early is None:
@@ -516,7 +516,7 @@ class Orchestrator:
             if metrics is not None and result.ended is not None:
                 metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
         if result.started_wait is not None:
-            self._deliver_early(tx, result.record, *result.started_wait, metrics, batch)
+            self._deliver_early(tx, result.record, result.started_wait, metrics, batch)
 
 
 def now() -> datetime:

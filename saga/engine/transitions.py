@@ -92,8 +92,7 @@ class Transition:
         self.log: list[StepLogEntry] = []
         self.outgoing: list[OutgoingMessage] = []
         self.dead_letters: list[DeadLetter] = []
-        #: (event type, key) of the wait for a published event this transition began
-        self.started_wait: tuple[str, str] | None = None
+        self.started_wait: tuple[str, str] | None = None  # a wait for (event type, key) begun
 
     # -- events --------------------------------------------------------------
 
@@ -194,9 +193,9 @@ class Transition:
         record.step_started_at = self.at
         record.waiting_for = step.event
         record.wait_schema = _schema(step.payload)
-        record.wait_key = step.key_of_data(self.data)
-        if record.wait_key is not None:  # an event that came early may end it at once
-            self.started_wait = (step.event, record.wait_key)
+        if (key := step.key_of_data(self.data)) is not None:  # an early event may end it now
+            self.started_wait = (step.event, key)
+        record.wait_key = key
         if step.timeout is None:
             record.pending_message_id = self.new_id()  # only a signal will end this wait
             record.wait_deadline = None
