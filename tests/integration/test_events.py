@@ -224,6 +224,10 @@ def test_redis_carries_commands_but_refuses_events_loudly(
         assert (report.claimed, report.published, report.quarantined) == (1, 0, 1)  # at once
         letter = db.rows("SELECT reason, error_type, destination FROM saga.dead_letters")
         assert letter == [("unpublishable", "EventsNotSupported", None)]
+        replayed = saga_cli(db.url, "dlq", "replay", "--error-type", "EventsNotSupported")
+        assert replayed.returncode == 0, replayed.stderr
+        again = db.rows("SELECT destination, message_type FROM saga.outbox")
+        assert again == [(None, "Happened")]  # published again, to every subscriber
     finally:
         broker.cleanup()
     assert BrokerConfig(redis_url).is_redis
