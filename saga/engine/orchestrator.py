@@ -216,23 +216,23 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         """A published event ends the wait of every saga waiting for it under a key it
-        carries (``waits``: the wait steps for its type); with none, it is kept for the saga
-        that will wait for it."""
+        carries (``waits``: the wait steps for its type); under a key no saga waits for, it
+        is kept for the saga that will."""
         keys = sorted({key for step in waits if (key := step.key_of_event(event)) is not None})
         self.event_waits.lock(tx, envelope.type, keys)
         found = set(self.event_waits.waiting(tx, envelope.type, keys))
         if batch is not None:
             found.update(batch.waiting_for_event(envelope.type, keys))
-        delivered = 0
+        delivered: set[str] = set()
         for saga_id in sorted(found):
             record = self._read(tx, saga_id, batch)
             key = self._wait_key(record, event) if record is not None else None
-            if record is not None and awaits_event(record, envelope.type, key):
+            if record is not None and key is not None and awaits_event(record, envelope.type, key):
                 signal = Signal(saga_id=saga_id, event=envelope.type, data=envelope.payload)
                 self._signalled(tx, record, signal, "event", metrics, batch)
-                delivered += 1
-        if not delivered:
-            self.event_waits.park(tx, envelope.type, keys, envelope.message_id, envelope.payload)
+                delivered.add(key)
+        if kept := [key for key in keys if key not in delivered]:
+            self.event_waits.park(tx, envelope.type, kept, envelope.message_id, envelope.payload)
 
     def on_wait_timeout(
         self,

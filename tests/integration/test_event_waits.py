@@ -64,8 +64,17 @@ def ship(tx: Tx, d: Shipment) -> None:
     tx.execute("INSERT INTO public.effects (kind, key) VALUES ('shipped', %s)", (d.order_id,))
 
 
+class Receipt(BaseModel):
+    ref: str
+
+
+#: Waits for the same event under another of its fields: the settlement's reference.
+receipts = Saga("receipts", data=Receipt)
+receipts.wait("settled", event=PaymentSettled, correlate=lambda d: d.ref, event_key="ref")
+
 registry = SagaRegistry("shipping", retry=RetryPolicy(immediate_attempts=1, delays=(60,)))
 registry.register(shipping)
+registry.register(receipts)
 
 payments = Service("payments")
 
@@ -90,7 +99,7 @@ def h(saga_harness: Any) -> SagaHarness:
 
 
 def test_the_home_service_subscribes_to_the_events_its_sagas_wait_for() -> None:
-    assert registry.awaited_events == ["PaymentSettled"]
+    assert registry.awaited_events == ["PaymentSettled"]  # once, for both sagas
     assert registry.as_service().subscriptions == ["PaymentSettled"]
 
 
@@ -101,7 +110,8 @@ def test_an_event_that_comes_before_the_wait_ends_it_as_soon_as_it_begins(
     h.run_until_idle()
     assert h.status(saga_id) == "completed"
     assert h.data(saga_id) == Shipment(order_id="o1", settled_ref="ref-o1")
-    assert h.rows("SELECT count(*) FROM saga.early_events") == [(0,)]  # taken
+    kept = h.rows("SELECT correlation_key FROM saga.early_events")
+    assert kept == [("ref-o1",)]  # its order's copy taken; its reference's kept for receipts
     h.assert_published(PaymentSettled(order_id="o1", ref="ref-o1"))
     assert h.steps(saga_id) == ["take_payment succeeded", "settlement succeeded", "ship succeeded"]
 
@@ -114,7 +124,8 @@ def test_the_event_for_its_key_ends_the_wait_and_others_do_not(h: SagaHarness) -
 
     settle(h, "someone-else")
     assert h.step(saga_id) == "settlement"  # not its key: still waiting, the event kept
-    assert h.rows("SELECT correlation_key FROM saga.early_events") == [("someone-else",)]
+    kept = h.rows("SELECT correlation_key FROM saga.early_events ORDER BY 1")
+    assert kept == [("late",), ("someone-else",)]  # under each key it carries
 
     settle(h, "o2", ref="r-2")
     assert h.status(saga_id) == "completed"
@@ -126,13 +137,26 @@ def test_the_event_for_its_key_ends_the_wait_and_others_do_not(h: SagaHarness) -
     assert h.rows("SELECT count(*) FROM public.effects WHERE kind = 'shipped'") == [(1,)]
 
 
+def test_an_event_ends_a_wait_only_under_the_key_that_wait_reads_from_it(h: SagaHarness) -> None:
+    """The event carries two keys (its order id for shipping, its reference for receipts):
+    a shipping saga waiting under a value that is the event's reference is not its saga."""
+    shipment = h.start(shipping, Shipment(order_id="r-1", publish_settlement=False))
+    receipt = h.start(receipts, Receipt(ref="r-1"))
+    h.run_until_idle()
+    settle(h, "o-other", ref="r-1")  # reference r-1, order o-other
+    assert h.status(receipt) == "completed"
+    assert (h.status(shipment), h.step(shipment)) == ("running", "settlement")
+    kept = h.rows("SELECT correlation_key FROM saga.early_events")
+    assert kept == [("o-other",)]  # kept under the key no saga waited for, not the other
+
+
 def test_every_saga_waiting_under_the_key_gets_the_event(h: SagaHarness) -> None:
     first = h.start(shipping, Shipment(order_id="o3", publish_settlement=False))
     second = h.start(shipping, Shipment(order_id="o3", publish_settlement=False))
     h.run_until_idle()
     settle(h, "o3")
     assert (h.status(first), h.status(second)) == ("completed", "completed")
-    assert h.rows("SELECT count(*) FROM saga.early_events") == [(0,)]
+    assert h.rows("SELECT count(*) FROM saga.early_events WHERE correlation_key = 'o3'") == [(0,)]
 
 
 def test_no_event_within_the_timeout_compensates(h: SagaHarness) -> None:
@@ -201,7 +225,7 @@ def test_in_one_batch_the_reply_begins_the_wait_and_the_event_behind_it_ends_it(
         outcomes = BatchProcessor(registry.as_service()).process(conn, [reply, _settlement("b1")])
     assert outcomes == [Outcome.HANDLED, Outcome.HANDLED]
     assert _status(db, "b1") == ("completed", None)
-    assert db.scalar("SELECT count(*) FROM saga.early_events") == 0
+    assert db.scalar("SELECT count(*) FROM saga.early_events WHERE correlation_key = 'b1'") == 0
 
 
 @pytest.mark.parametrize("held_first", ["reply", "event"])
@@ -235,7 +259,7 @@ def test_a_wait_and_its_event_committing_at_once_never_miss_each_other(
     thread.join(30)
     assert outcomes == [Outcome.HANDLED]
     assert _status(db, "race") == ("completed", None)
-    assert db.scalar("SELECT count(*) FROM saga.early_events") == 0
+    assert db.scalar("SELECT count(*) FROM saga.early_events WHERE correlation_key = 'race'") == 0
 
 
 def test_events_kept_past_their_retention_are_pruned(db: TestDatabase) -> None:

@@ -204,7 +204,7 @@ def test_replaying_one_subscribers_dead_letter_redelivers_to_that_subscriber_onl
     assert handled(subscriber_dbs)["ledger"] == {"fine": 1, "broken-1": 1}
 
 
-def test_redis_carries_commands_but_refuses_events_loudly(
+def test_redis_refuses_events_loudly_a_subscriber_stops_and_the_relay_dead_letters_them(
     db: TestDatabase, redis_url: str, subscriber_dbs: dict[str, TestDatabase]
 ) -> None:
     broker = TestBroker(redis_url, "redis", accepts_message_loss=True)
@@ -213,8 +213,11 @@ def test_redis_carries_commands_but_refuses_events_loudly(
                                topology=broker.topology)  # fmt: skip
         broker.use("billing")
         runner.start()
-        assert not runner.wait_ready(30)
-        runner.stop(30)
+        try:
+            ready = runner.wait_ready(30)
+        finally:
+            runner.stop(30)
+        assert not ready
         assert isinstance(runner.failure, EventsNotSupported)
         assert "Redis for commands only" in str(runner.failure)
         publish(db, "r1")
