@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import signal
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
 
 from saga import Outbox
 from saga.errors import UnsafeDurability
-from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from saga.outbox_relay import Relay, RelayOptions
 from tests.support.brokers import TestBroker
@@ -129,23 +126,6 @@ def test_two_relays_share_the_work_without_duplicates(db: TestDatabase, rabbit: 
     assert rabbit.queue_depth("notes") == 0  # no late duplicate behind the 2000
     assert all(r.published_total > 0 for r in relays)
     assert sum(r.published_total for r in relays) == 2000
-
-
-def test_sigterm_finishes_the_batch_and_exits_zero(
-    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
-) -> None:
-    _write(db, *[f"m{i}" for i in range(500)])
-    rabbit.use("notes")
-    relay = SagaProcess(
-        ["relay", "--batch-size", "50"],
-        saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix),
-        tmp_path,
-        "relay",
-    )
-    wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="relay drained")
-    relay.proc.send_signal(signal.SIGTERM)
-    assert relay.wait(30) == 0, relay.output()
-    assert "SIGTERM" in relay.output()
 
 
 def test_relay_reconnects_after_losing_its_database_connections(
