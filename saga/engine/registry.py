@@ -300,6 +300,7 @@ class SagaRegistry:
                 service.add_handler(message_class, handler)
             service.on_connect(self.check_versions)
             service.batch_writing = SagaBatches(self.home)
+            service.schema = self.schema
             self._service = service
         return self._service
 
