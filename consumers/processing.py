@@ -2,25 +2,29 @@
 
 First the inbox rows ``(consumer, message_id)`` of the whole batch, in one
 statement: a message whose row was already there was processed before and is
-skipped. Then per delivery, inside a savepoint: run the handler on the open
-transaction and write the messages it sends to the outbox. A failing handler
-rolls back only its own savepoint; a message that ends up retried later or
-dead-lettered gets its inbox row removed again. The replies sent for the batch's
-handled messages are kept with their inbox rows (one statement, when there are
-any); a duplicate is answered again with the replies kept for it (one statement,
-when there are duplicates), so a saga whose reply a broker lost gets it when the
-saga is resumed. The caller commits once for the whole batch, then acknowledges.
+skipped. Then the handlers run on the open transaction, in segments of up to
+:data:`SEGMENT` deliveries that share one savepoint: while no handler fails, that
+is one savepoint command per segment instead of one per delivery (where an
+OpenTelemetry SDK records spans, every delivery has a savepoint of its own, so
+that no handler runs twice and each message has exactly one span). A handler that
+raises rolls its segment back; the deliveries before it in the segment run again,
+each in a savepoint of its own, the failed one goes down its failure path (its
+first try already failed: it is not run again for that), and the batch goes on.
+A message that ends up retried later or dead-lettered gets its inbox row removed
+again. The replies sent for the batch's handled messages are kept with their inbox
+rows (one statement, when there are any); a duplicate is answered again with the
+replies kept for it (one statement, when there are duplicates), so a saga whose
+reply a broker lost gets it when the saga is resumed. The caller commits once for
+the whole batch, then acknowledges.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -30,13 +34,13 @@ import psycopg
 from pydantic import BaseModel
 
 from saga.consumers.decoding import Decoded, decode
+from saga.consumers.failures import FailurePaths
 from saga.consumers.inbox import Inbox
 from saga.effects.side_effects import SideEffects
 from saga.errors import (
     BatchConflict,
     ConcurrentUpdate,
     ConfigurationError,
-    MessageTooLarge,
     Rejection,
     SignatureRejected,
     StepFailed,
@@ -46,14 +50,9 @@ from saga.handlers.batching import BatchScope
 from saga.handlers.closed_steps import ClosedSteps
 from saga.handlers.context import HandlerContext
 from saga.handlers.service import Service
-from saga.messaging.control import DEAD_LETTERED, STEP_CLOSED, Ack, FailureReply
-from saga.messaging.dead_letters import DeadLetter, DeadLetterStore
-from saga.messaging.envelope import (
-    ATTEMPT_HEADER,
-    COMMITTED_AT_HEADER,
-    STEP_HEADER,
-    Envelope,
-)
+from saga.messaging.control import Ack
+from saga.messaging.dead_letters import DeadLetterStore
+from saga.messaging.envelope import COMMITTED_AT_HEADER, STEP_HEADER, Envelope
 from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage
 from saga.messaging.signing import KeyRing
 from saga.observability import tracing
@@ -62,9 +61,8 @@ from saga.observability.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
-FIRST_FAILED_HEADER = "first_failed_at"
-LAST_ERROR_HEADER = "last_error"
-
+#: Deliveries that share one savepoint while none of their handlers fails.
+SEGMENT = 16
 
 #: Errors that mean "another transaction holds what this one needs": retried in a short
 #: transaction of their own rather than inside a batch that holds other locks.
@@ -96,6 +94,40 @@ class Delivery:
     headers: Mapping[str, Any] | None = None
 
 
+@dataclass(slots=True)
+class _Staged:
+    """What a batch keeps in memory until it commits (a segment that rolls back drops its part)."""
+
+    #: outbox rows the batch's handlers sent, written in one statement before it commits
+    rows: list[OutboxRow] = field(default_factory=list)
+    #: (handled message id, reply) of the batch, kept with the inbox before it commits
+    replies: list[tuple[UUID, OutgoingMessage]] = field(default_factory=list)
+    #: when each handled message's outbox row committed (for the latency metric)
+    created: list[float] = field(default_factory=list)
+    #: (outcome, seconds) of each delivery, counted in the metrics once the batch commits
+    handled: list[tuple[Outcome, float]] = field(default_factory=list)
+    #: step keys closed here: their forward commands are refused
+    closed: set[str] = field(default_factory=set)
+    #: message ids of the batch's new deliveries not yet handled
+    fresh: set[UUID] = field(default_factory=set)
+
+    def mark(self) -> tuple[int, int, int, int, frozenset[str], frozenset[UUID]]:
+        return (
+            len(self.rows),
+            len(self.replies),
+            len(self.created),
+            len(self.handled),
+            frozenset(self.closed),
+            frozenset(self.fresh),
+        )
+
+    def restore(self, mark: tuple[int, int, int, int, frozenset[str], frozenset[UUID]]) -> None:
+        rows, replies, created, handled, closed, fresh = mark
+        del self.rows[rows:], self.replies[replies:], self.created[created:]
+        del self.handled[handled:]
+        self.closed, self.fresh = set(closed), set(fresh)
+
+
 class BatchProcessor:
     """Applies deliveries for one service on a connection the caller owns."""
 
@@ -115,11 +147,7 @@ class BatchProcessor:
         self.metrics = metrics
         self.signing = signing
         self.effects = effects
-        self._created: list[float] = []
-        #: (handled message id, reply) of the batch, kept with the inbox before it commits
-        self._replies: list[tuple[UUID, OutgoingMessage]] = []
-        #: outbox rows the batch's handlers sent, written in one statement before it commits
-        self._rows: list[OutboxRow] = []
+        self._staged = _Staged()
         #: the service's staged writes for this batch, when it writes batches at once
         self._scope: BatchScope | None = None
         self._in_batch = False
@@ -127,8 +155,10 @@ class BatchProcessor:
         self.outbox = outbox or Outbox(schema)
         self.inbox = Inbox(schema)
         self.closed_steps = ClosedSteps(schema)
-        self._closed: set[str] = set()
         self.dead_letters = DeadLetterStore(schema)
+        self.failures = FailurePaths(
+            service.name, self.outbox, self.inbox, self.dead_letters, self._keep
+        )
         self.max_message_bytes = max_message_bytes or self.outbox.max_message_bytes
 
     def process(
@@ -139,9 +169,7 @@ class BatchProcessor:
         Raises :class:`BatchConflict` when a handler hits a lock conflict in a batch of
         several: the caller then handles the deliveries one per transaction.
         """
-        self._created = []
-        self._replies = []
-        self._rows = []
+        staged = self._staged = _Staged()
         self._scope = None
         self._in_batch = len(deliveries) > 1
         checked = [self._check(delivery) for delivery in deliveries]
@@ -149,47 +177,65 @@ class BatchProcessor:
             if self._in_batch and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
-            fresh = self._record_inbox(conn, checked)
-            self._answer_duplicates(conn, checked, fresh)
-            self._closed = self._find_closed(conn, checked, fresh)
-            self._scope = self._open_scope(conn, checked, fresh)
-            outcomes = [
-                self._handle(conn, delivery, item, fresh)
-                for delivery, item in zip(deliveries, checked, strict=True)
-            ]
+            staged.fresh = self._record_inbox(conn, checked)
+            self._answer_duplicates(conn, checked, staged.fresh)
+            staged.closed = self._find_closed(conn, checked, staged.fresh)
+            self._scope = self._open_scope(conn, checked, staged.fresh)
+            outcomes = self._handle_all(conn, list(zip(deliveries, checked, strict=True)))
             if self._scope is not None:
                 with self._conflicts_end_the_batch():
                     self._scope.flush(conn)
-            self.outbox.insert_rows(conn, self._rows)
-            if self._replies:
-                self.inbox.keep_replies(conn, self.service.name, self._replies)
+            self.outbox.insert_rows(conn, staged.rows)
+            if staged.replies:
+                self.inbox.keep_replies(conn, self.service.name, staged.replies)
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
-        if self.metrics is not None:
-            self.metrics.batch_size.labels(self.service.name).observe(len(deliveries))
-            committed = time.time()
-            latency = self.metrics.delivery_latency.labels(self.service.name)
-            for created in self._created:
-                latency.observe(committed - created)
+        self._count(len(deliveries))
         return outcomes
 
     def dead_letter_poison(
         self, conn: psycopg.Connection[Any], delivery: Delivery, error: BaseException
     ) -> None:
         """Record a delivery whose transaction itself keeps failing, in a transaction of its own."""
-        with conn.transaction():
-            self.dead_letters.add(
-                conn,
-                DeadLetter(
-                    consumer=self.service.name,
-                    reason="failed",
-                    body=delivery.body,
-                    content_type=delivery.content_type,
-                    error_type=type(error).__name__,
-                    error_message=f"transaction kept failing: {error}",
-                    traceback="".join(traceback.format_exception(error)),
-                ),
-            )
+        self.failures.dead_letter_poison(conn, delivery.body, delivery.content_type, error)
+
+    # -- segments ------------------------------------------------------------
+
+    def _handle_all(
+        self, conn: psycopg.Connection[Any], items: list[tuple[Delivery, Decoded | Rejection]]
+    ) -> list[Outcome]:
+        # A service's batch scope guards its own writes. Where spans are recorded, a
+        # delivery is never run twice: each message keeps exactly one span.
+        if self._scope is not None or tracing.records_spans():
+            return [self._careful(conn, delivery, item) for delivery, item in items]
+        outcomes: list[Outcome] = []
+        while len(outcomes) < len(items):
+            start = len(outcomes)
+            outcomes += self._segment(conn, items[start : start + SEGMENT])
+        return outcomes
+
+    def _segment(
+        self, conn: psycopg.Connection[Any], items: list[tuple[Delivery, Decoded | Rejection]]
+    ) -> list[Outcome]:
+        """Handle ``items`` under one savepoint, up to and including the first that fails.
+
+        When a handler raises, the segment rolls back to its savepoint; the deliveries
+        before it are handled again with a savepoint each, and the one that failed takes
+        its failure path with the error its first try raised.
+        """
+        mark = self._staged.mark()
+        conn.execute("SAVEPOINT segment", prepare=False)
+        outcomes: list[Outcome] = []
+        for delivery, item in items:
+            outcome = self._handle(conn, delivery, item, careful=False)
+            if isinstance(outcome, Outcome):
+                outcomes.append(outcome)
+                continue
+            conn.execute("ROLLBACK TO SAVEPOINT segment", prepare=False)
+            self._staged.restore(mark)
+            again = [self._careful(conn, d, it) for d, it in items[: len(outcomes)]]
+            return [*again, self._careful(conn, delivery, item, first_try=outcome)]
+        return outcomes
 
     # -- one delivery --------------------------------------------------------
 
@@ -269,25 +315,43 @@ class BatchProcessor:
         with self._conflicts_end_the_batch():  # a compensation of the same step in flight
             return self.closed_steps.lock_and_find(conn, keys)
 
+    def _careful(
+        self,
+        conn: psycopg.Connection[Any],
+        delivery: Delivery,
+        item: Decoded | Rejection,
+        first_try: Exception | None = None,
+    ) -> Outcome:
+        outcome = self._handle(conn, delivery, item, careful=True, first_try=first_try)
+        assert isinstance(outcome, Outcome)  # careful handling settles every failure
+        return outcome
+
     def _handle(
         self,
         conn: psycopg.Connection[Any],
         delivery: Delivery,
         item: Decoded | Rejection,
-        fresh: set[UUID],
-    ) -> Outcome:
+        *,
+        careful: bool,
+        first_try: Exception | None = None,
+    ) -> Outcome | Exception:
+        """The delivery's outcome; without care, the error of a handler that raised."""
         started = time.perf_counter()
+        staged = self._staged
+        outcome: Outcome | Exception
         if isinstance(item, Rejection):
-            outcome = self._reject(conn, delivery, item)
-        elif item.envelope.message_id not in fresh:
+            self.failures.reject(conn, delivery.body, delivery.content_type, item)
+            outcome = Outcome.REJECTED
+        elif item.envelope.message_id not in staged.fresh:
             outcome = Outcome.DUPLICATE
-        elif item.envelope.step_key in self._closed:
-            fresh.discard(item.envelope.message_id)
-            outcome = self._refuse_closed(conn, item)
+        elif item.envelope.step_key in staged.closed:
+            staged.fresh.discard(item.envelope.message_id)
+            self.failures.refuse_closed(conn, item)
+            outcome = Outcome.STALE
         else:
-            fresh.discard(item.envelope.message_id)  # a second copy in this batch is a duplicate
-            decoded, envelope = item, item.envelope
-            self._created.append(_sent_at(delivery, envelope.created_at.timestamp()))
+            staged.fresh.discard(item.envelope.message_id)  # a second copy is a duplicate
+            envelope = item.envelope
+            staged.created.append(_sent_at(delivery, envelope.created_at.timestamp()))
             with (
                 log_context(
                     consumer=self.service.name,
@@ -301,18 +365,31 @@ class BatchProcessor:
                     attributes=_span_attributes(envelope, self.service.name),
                 ),
             ):
-                outcome = self._run(conn, delivery, decoded)
-        self._count(outcome, time.perf_counter() - started)
+                outcome = self._run(conn, delivery, item, careful, first_try)
+        if isinstance(outcome, Outcome):
+            staged.handled.append((outcome, time.perf_counter() - started))
         return outcome
 
-    def _run(self, conn: psycopg.Connection[Any], delivery: Delivery, decoded: Decoded) -> Outcome:
+    def _run(
+        self,
+        conn: psycopg.Connection[Any],
+        delivery: Delivery,
+        decoded: Decoded,
+        careful: bool,
+        first_try: Exception | None,
+    ) -> Outcome | Exception:
         try:  # the common case: one try, no retry controller built
-            return self._conflict_aware(conn, decoded)
+            if first_try is not None:
+                raise first_try
+            return self._conflict_aware(conn, decoded, careful)
         except BatchConflict:
             raise
-        except StepFailed as failure:
-            return self._business_failure(conn, decoded, failure)
         except Exception as exc:
+            if not careful:
+                return exc  # the segment rolls back; this delivery is then handled with care
+            if isinstance(exc, StepFailed):
+                self.failures.business_failure(conn, decoded, exc)
+                return Outcome.BUSINESS_FAILURE
             policy = decoded.spec.retry
             if not policy.is_retriable(exc) or policy.immediate_attempts == 1:
                 return self._technical_failure(conn, delivery, decoded, exc, 1)
@@ -326,12 +403,13 @@ class BatchProcessor:
         try:
             for attempt in retrying:
                 with attempt:
-                    outcome = self._conflict_aware(conn, decoded)
+                    outcome = self._conflict_aware(conn, decoded, careful=True)
             return outcome
         except BatchConflict:
             raise
         except StepFailed as failure:
-            return self._business_failure(conn, decoded, failure)
+            self.failures.business_failure(conn, decoded, failure)
+            return Outcome.BUSINESS_FAILURE
         except Exception as exc:
             tries = 1 + int(retrying.statistics.get("attempt_number", 1))
             return self._technical_failure(conn, delivery, decoded, exc, tries)
@@ -340,19 +418,37 @@ class BatchProcessor:
                 retries = int(retrying.statistics.get("attempt_number", 1))
                 self.metrics.retries.labels(self.service.name, "immediate").inc(retries)
 
-    def _count(self, outcome: Outcome, seconds: float) -> None:
+    def _technical_failure(
+        self,
+        conn: psycopg.Connection[Any],
+        delivery: Delivery,
+        decoded: Decoded,
+        exc: Exception,
+        tries: int,
+    ) -> Outcome:
+        retried = self.failures.technical_failure(conn, delivery.body, decoded, exc, tries)
+        return Outcome.RETRY_SCHEDULED if retried else Outcome.DEAD_LETTERED
+
+    def _count(self, batch_size: int) -> None:
+        """The committed batch's figures: its size, each delivery's outcome, latencies."""
         metrics = self.metrics
         if metrics is None:
             return
         consumer = self.service.name
-        metrics.handled.labels(consumer, outcome.value).inc()
-        metrics.handle_seconds.labels(consumer).observe(seconds)
-        if outcome is Outcome.RETRY_SCHEDULED:
-            metrics.retries.labels(consumer, "delayed").inc()
-        elif outcome is Outcome.DEAD_LETTERED:
-            metrics.dead_lettered.labels(consumer, "failed").inc()
-        elif outcome is Outcome.REJECTED:
-            metrics.dead_lettered.labels(consumer, "rejected").inc()
+        metrics.batch_size.labels(consumer).observe(batch_size)
+        committed = time.time()
+        latency = metrics.delivery_latency.labels(consumer)
+        for created in self._staged.created:
+            latency.observe(committed - created)
+        for outcome, seconds in self._staged.handled:
+            metrics.handled.labels(consumer, outcome.value).inc()
+            metrics.handle_seconds.labels(consumer).observe(seconds)
+            if outcome is Outcome.RETRY_SCHEDULED:
+                metrics.retries.labels(consumer, "delayed").inc()
+            elif outcome is Outcome.DEAD_LETTERED:
+                metrics.dead_lettered.labels(consumer, "failed").inc()
+            elif outcome is Outcome.REJECTED:
+                metrics.dead_lettered.labels(consumer, "rejected").inc()
 
     @contextmanager
     def _conflicts_end_the_batch(self) -> Iterator[None]:
@@ -364,31 +460,36 @@ class BatchProcessor:
                 raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
             raise
 
-    def _conflict_aware(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
+    def _conflict_aware(
+        self, conn: psycopg.Connection[Any], decoded: Decoded, careful: bool
+    ) -> Outcome:
         with self._conflicts_end_the_batch():
-            return self._attempt(conn, decoded)
+            return self._attempt(conn, decoded, careful)
 
-    def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
+    def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded, careful: bool) -> Outcome:
         envelope = decoded.envelope
-        # A service writing batches at once stages its writes and guards its own savepoints.
-        with _savepoint(conn) if self._scope is None else nullcontext():
+        # Handled with care, a delivery's writes are undone alone (a service writing batches
+        # at once stages its writes and guards its own savepoints); otherwise its segment's
+        # savepoint covers them.
+        guarded = careful and self._scope is None
+        with _savepoint(conn) if guarded else nullcontext():
             ctx = HandlerContext(
                 envelope, self.service.name, self.metrics, self.effects, batch=self._scope
             )
             closing = ctx.compensated_key if envelope.reply_to else None  # a command, not a reply
             if closing is not None:
                 self.closed_steps.close(conn, self.service.name, closing)
-                self._closed.add(closing)  # its command later in this batch is refused too
+                self._staged.closed.add(closing)  # its command later in this batch is refused
             result = decoded.spec.func(conn, decoded.message, ctx)
             self._reply(ctx, result, decoded)
             rows = self.outbox.rows(ctx.outgoing)  # checked now: a message too large fails here
-        self._rows.extend(rows)
+        self._staged.rows.extend(rows)
         self._keep(ctx)
         return Outcome.HANDLED
 
     def _keep(self, ctx: HandlerContext) -> None:
         """Remember the replies of a delivery that stays handled (its inbox row commits)."""
-        self._replies.extend((ctx.message_id, reply) for reply in ctx.replies)
+        self._staged.replies.extend((ctx.message_id, reply) for reply in ctx.replies)
 
     def _reply(self, ctx: HandlerContext, result: object, decoded: Decoded) -> None:
         """Send the handler's return value to ``reply_to``; None becomes an :class:`Ack`."""
@@ -405,161 +506,6 @@ class BatchProcessor:
                 f"handler {decoded.spec.name} returned a reply, but the "
                 f"{decoded.envelope.type} message has no reply_to"
             )
-
-    def _business_failure(
-        self, conn: psycopg.Connection[Any], decoded: Decoded, failure: StepFailed
-    ) -> Outcome:
-        envelope = decoded.envelope
-        ctx = HandlerContext(envelope, self.service.name)
-        reply = FailureReply(reason=failure.reason, code=failure.code, failed_type=envelope.type)
-        if ctx.reply(reply) is None:
-            self._dead_letter_failure(conn, decoded, failure, tries=1)
-        self.outbox.add_many(conn, ctx.outgoing)
-        self._keep(ctx)
-        logger.info(
-            "%s refused %s: %s",
-            self.service.name,
-            envelope.type,
-            failure.reason,
-            extra=_log_extra(decoded, self.service.name),
-        )
-        return Outcome.BUSINESS_FAILURE
-
-    def _refuse_closed(self, conn: psycopg.Connection[Any], decoded: Decoded) -> Outcome:
-        """Acknowledge a command whose step was compensated here, without running it."""
-        envelope = decoded.envelope
-        reason = (
-            f"not executed: step {envelope.headers.get(STEP_HEADER)!r} was already "
-            f"compensated by {self.service.name}"
-        )
-        ctx = HandlerContext(envelope, self.service.name)
-        ctx.reply(FailureReply(reason=reason, code=STEP_CLOSED, failed_type=envelope.type))
-        self.outbox.add_many(conn, ctx.outgoing)
-        self._keep(ctx)
-        logger.warning(
-            "%s refused stale %s: %s",
-            self.service.name,
-            envelope.type,
-            reason,
-            extra=_log_extra(decoded, self.service.name),
-        )
-        return Outcome.STALE
-
-    def _technical_failure(
-        self,
-        conn: psycopg.Connection[Any],
-        delivery: Delivery,
-        decoded: Decoded,
-        exc: Exception,
-        tries: int,
-    ) -> Outcome:
-        envelope = decoded.envelope
-        # Not processed: the retry (same message id) or a later replay must get through.
-        self.inbox.forget(conn, self.service.name, envelope.message_id)
-        policy = decoded.spec.retry
-        delay = policy.delay_after(envelope.attempt) if policy.is_retriable(exc) else None
-        extra = _log_extra(decoded, self.service.name)
-        if delay is not None:
-            retry = envelope.with_headers(
-                **{
-                    ATTEMPT_HEADER: str(envelope.attempt + 1),
-                    FIRST_FAILED_HEADER: envelope.headers.get(FIRST_FAILED_HEADER)
-                    or datetime.now(UTC).isoformat(),
-                    LAST_ERROR_HEADER: f"{type(exc).__name__}: {exc}"[:500],
-                }
-            )
-            try:
-                self.outbox.add_many(conn, [OutgoingMessage(retry, self.service.name, delay)])
-            except MessageTooLarge:
-                pass  # the headers pushed it over the cap: dead-letter it instead
-            else:
-                logger.warning(
-                    "%s failed on attempt %d (%s: %s); retrying in %.1fs",
-                    envelope.type,
-                    envelope.attempt,
-                    type(exc).__name__,
-                    exc,
-                    delay.total_seconds(),
-                    extra=extra,
-                )
-                return Outcome.RETRY_SCHEDULED
-        total = (envelope.attempt - 1) * policy.immediate_attempts + tries
-        logger.error(
-            "%s dead-lettered after %d attempts: %s: %s",
-            envelope.type,
-            total,
-            type(exc).__name__,
-            exc,
-            extra=extra,
-        )
-        self._dead_letter_failure(conn, decoded, exc, tries=total, body=delivery.body)
-        self._tell_sender(conn, decoded, f"dead-lettered after {total} attempts: {exc!r}")
-        return Outcome.DEAD_LETTERED
-
-    def _tell_sender(self, conn: psycopg.Connection[Any], decoded: Decoded, reason: str) -> None:
-        """A sender waiting for a reply (a saga) learns that its request became a dead letter."""
-        ctx = HandlerContext(decoded.envelope, self.service.name)
-        failure = FailureReply(reason=reason, code=DEAD_LETTERED, failed_type=decoded.envelope.type)
-        if ctx.reply(failure) is not None:
-            self.outbox.add_many(conn, ctx.outgoing)
-
-    def _dead_letter_failure(
-        self,
-        conn: psycopg.Connection[Any],
-        decoded: Decoded,
-        exc: BaseException,
-        *,
-        tries: int,
-        body: bytes | None = None,
-    ) -> None:
-        envelope = decoded.envelope
-        first = envelope.headers.get(FIRST_FAILED_HEADER)
-        self.dead_letters.add(
-            conn,
-            DeadLetter(
-                consumer=self.service.name,
-                reason="failed",
-                body=body if body is not None else envelope.to_bytes(),
-                content_type="application/json",
-                message_id=envelope.message_id,
-                message_type=envelope.type,
-                saga_id=envelope.saga_id,
-                destination=self.service.name,
-                error_type=type(exc).__name__,
-                error_message=str(exc),
-                traceback="".join(traceback.format_exception(exc)),
-                attempts=tries,
-                first_failed_at=datetime.fromisoformat(first) if first else None,
-            ),
-        )
-
-    def _reject(
-        self, conn: psycopg.Connection[Any], delivery: Delivery, rejection: Rejection
-    ) -> Outcome:
-        envelope = rejection.envelope
-        logger.warning(
-            "%s rejected a message before any handler ran: %s: %s",
-            self.service.name,
-            rejection.error_type,
-            rejection.message,
-            extra={"consumer": self.service.name, "message_id": str(rejection.message_id)},
-        )
-        self.dead_letters.add(
-            conn,
-            DeadLetter(
-                consumer=self.service.name,
-                reason="rejected",
-                body=delivery.body,
-                content_type=delivery.content_type,
-                message_id=rejection.message_id,
-                message_type=envelope.type if envelope else None,
-                saga_id=envelope.saga_id if envelope else None,
-                destination=self.service.name,
-                error_type=rejection.error_type,
-                error_message=rejection.message,
-            ),
-        )
-        return Outcome.REJECTED
 
 
 def _sent_at(delivery: Delivery, created_at: float) -> float:
@@ -586,15 +532,6 @@ def _savepoint(conn: psycopg.Connection[Any]) -> Iterator[None]:
         if not conn.broken:
             conn.execute("ROLLBACK TO SAVEPOINT delivery", prepare=False)
         raise
-
-
-def _log_extra(decoded: Decoded, consumer: str) -> dict[str, str | None]:
-    envelope = decoded.envelope
-    return {
-        "consumer": consumer,
-        "message_id": str(envelope.message_id),
-        "saga_id": str(envelope.saga_id) if envelope.saga_id else None,
-    }
 
 
 def _span_attributes(envelope: Envelope, consumer: str) -> dict[str, object]:

@@ -4,7 +4,8 @@ RabbitMQ: one AMQP transaction per batch (``tx.select`` once per channel,
 ``tx.commit`` per batch); ``tx.commit-ok`` arrives only when the broker has
 taken every message of the batch. Each publish is ``mandatory``; a
 ``basic.return`` (no queue for the routing key) reaches ``on_return`` before
-the commit returns, so those rows are known to have failed.
+the commit returns, so those rows are known to have failed. The batch's frames
+go to the socket in one write (:func:`saga.broker.amqp_transport.gathered_writes`).
 
 Other transports (Redis, memory, PostgreSQL) publish through kombu's
 ``Producer.batch()``: one Redis pipeline, or one PostgreSQL INSERT, per batch.
@@ -19,6 +20,7 @@ from typing import Any
 
 from kombu import Connection, Producer
 
+from saga.broker.amqp_transport import gathered_writes
 from saga.broker.transport import Topology
 from saga.messaging.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE
 from saga.messaging.signing import KeyRing
@@ -91,8 +93,9 @@ class BatchPublisher:
         producer = self._ensure_producer()
         self._returned.clear()
         if self._is_amqp:
-            for row in sendable:
-                self._publish_one(producer, row, committed_at)
+            with gathered_writes(self.connection):
+                for row in sendable:
+                    self._publish_one(producer, row, committed_at)
             self._channel.tx_commit()
         else:
             with producer.batch(max_size=max(1, len(sendable))):

@@ -131,6 +131,9 @@ class BrokerConfig:
         if self.is_postgres:
             options["lease"] = self.lease
             options["listen"] = self.listen
+        if self.scheme in ("amqp", "pyamqp"):
+            # py-amqp with read-ahead and gathered writes (amqps:// keeps py-amqp's own).
+            transport = "saga.broker.amqp_transport:Transport"
         connection = Connection(
             self.url,
             heartbeat=self.heartbeat if self.is_amqp else 0,

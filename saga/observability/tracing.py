@@ -42,6 +42,13 @@ def available() -> bool:
     return trace is not None
 
 
+def records_spans() -> bool:
+    """Whether spans started here are recorded (an OpenTelemetry SDK is configured)."""
+    return trace is not None and not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider
+    )
+
+
 def inject(headers: dict[str, str]) -> None:
     """Write the current trace context into ``headers`` (nothing if no span is active)."""
     if propagate is not None and TRACEPARENT not in headers:
@@ -63,7 +70,7 @@ def span(
     if trace is None or propagate is None:
         yield
         return
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if not records_spans():
         # No SDK in this process: no span records anything. Carry the caller's trace
         # context through, so messages sent meanwhile continue its trace.
         with _continued(headers):

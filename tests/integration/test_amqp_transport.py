@@ -1,0 +1,97 @@
+"""The framework's py-amqp transport on RabbitMQ: read-ahead and gathered writes.
+
+Frames must come out whole and in order whatever their sizes (bodies larger than the
+read-ahead buffer and than a frame), a batch's frames must reach the socket in one
+write, and a consumer must take many frames per ``recv``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kombu import Consumer
+from kombu.message import Message
+
+from saga.broker.amqp_transport import READ_AHEAD, ReadAheadTransport
+from saga.outbox_relay.claims import OutboxRow
+from saga.outbox_relay.publisher import BatchPublisher
+from tests.support.brokers import TestBroker
+
+SIZES = [10, 300, READ_AHEAD - 5, READ_AHEAD + 5, 200_000, 1, 4096]
+
+
+def _rows(destination: str, bodies: list[bytes]) -> list[OutboxRow]:
+    return [
+        OutboxRow(i, uuid.uuid4(), destination, "Blob", body, 0) for i, body in enumerate(bodies)
+    ]
+
+
+def _counting(transport: ReadAheadTransport, name: str) -> list[int]:
+    """Count calls of the transport's socket function ``name`` (``_write``, ``_quick_recv``)."""
+    calls: list[int] = []
+    real: Callable[..., Any] = getattr(transport, name)
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    setattr(transport, name, counted)
+    return calls
+
+
+def test_frames_of_any_size_arrive_whole_and_in_order(rabbit: TestBroker) -> None:
+    rabbit.use("blobs")
+    bodies = [bytes([65 + i % 26]) * size for i, size in enumerate(SIZES * 20)]
+    with rabbit.config.connect() as conn:
+        assert isinstance(conn.connection.transport, ReadAheadTransport)
+        publisher = BatchPublisher(conn, rabbit.topology)
+        outcome = publisher.publish(_rows("blobs", bodies))
+        assert len(outcome.published) == len(bodies) and not outcome.failed
+        publisher.close()
+    received: list[bytes] = []
+    with rabbit.config.connect() as conn:
+        queue = rabbit.topology.queue("blobs")
+
+        def take(message: Message) -> None:
+            body = message.body
+            received.append(body.encode() if isinstance(body, str) else body)
+            message.ack()
+
+        with Consumer(conn.channel(), queues=[queue], on_message=take, prefetch_count=50):
+            while len(received) < len(bodies):
+                conn.drain_events(timeout=10)
+    assert received == bodies
+
+
+def test_a_batch_goes_to_the_socket_in_one_write(rabbit: TestBroker) -> None:
+    rabbit.declare("writes")
+    with rabbit.config.connect() as conn:
+        publisher = BatchPublisher(conn, rabbit.topology)
+        publisher.publish(_rows("writes", [b"{}"]))  # channel, tx.select and declare done
+        writes = _counting(conn.connection.transport, "_write")
+        outcome = publisher.publish(_rows("writes", [b'{"n": %d}' % i for i in range(50)]))
+        assert len(outcome.published) == 50
+        assert len(writes) == 2  # the 50 messages' frames, then tx.commit
+        publisher.close()
+
+
+def test_a_consumer_takes_many_frames_per_receive(rabbit: TestBroker) -> None:
+    rabbit.publish_many("reads", [b'{"n": %d}' % i for i in range(300)])
+    received = 0
+    with rabbit.config.connect() as conn:
+        conn.connect()
+        receives = _counting(conn.connection.transport, "_quick_recv")
+
+        def take(message: Message) -> None:
+            nonlocal received
+            received += 1
+            message.ack()
+
+        queue = rabbit.topology.queue("reads")
+        with Consumer(conn.channel(), queues=[queue], on_message=take, prefetch_count=300):
+            while received < 300:
+                conn.drain_events(timeout=10)
+    # py-amqp alone reads each of the 900 frames in three receives.
+    assert len(receives) < 300
