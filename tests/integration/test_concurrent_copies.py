@@ -23,15 +23,6 @@ from tests.support.wait import wait_until
 JSON = "application/json"
 
 
-def _waiting_on_a_lock(db: TestDatabase) -> int:
-    return int(
-        db.scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'"
-        )
-    )
-
-
 def test_two_copies_in_two_concurrent_batches_apply_one_effect(
     db: TestDatabase, rabbit: TestBroker, tmp_path: Path
 ) -> None:
@@ -49,7 +40,7 @@ def test_two_copies_in_two_concurrent_batches_apply_one_effect(
     other = Envelope.wrap(Ping(key="other")).to_bytes()
     rabbit.publish_many(service.name, [copy, other])  # the second copy, with a message behind
     with running_service(service, db, rabbit) as second:
-        wait_until(lambda: _waiting_on_a_lock(db) == 1, what="the second copy waiting")
+        wait_until(lambda: db.waiting_on_locks() == 1, what="the second copy waiting")
         assert db.scalar("SELECT count(*) FROM effects") == 0
         hold.release()
         wait_until(lambda: sum(second.counts.values()) == 2, what="both of its deliveries")

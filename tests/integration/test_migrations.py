@@ -62,16 +62,7 @@ def test_concurrent_migrations_from_separate_processes_apply_once(
             SagaProcess(["db", "migrate", "--schema", schema], env, tmp_path, f"migrate-{i}")
             for i in range(4)
         ]
-        wait_until(
-            lambda: (
-                empty_db.scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event = 'advisory'"
-                )
-                == 4
-            ),
-            what="four processes waiting to migrate",
-        )
+        wait_until(lambda: empty_db.waiting_on_locks() == 4, what="four processes waiting")
     codes = [process.wait(60) for process in processes]
     outputs = [process.output() for process in processes]
     assert codes == [0, 0, 0, 0], outputs

@@ -36,16 +36,7 @@ def _both_waiting_on(db: TestDatabase, letter_id: int) -> Iterator[None]:
     with db.connect(autocommit=False) as gate, gate.transaction():
         gate.execute("SELECT 1 FROM saga.dead_letters WHERE id = %s FOR UPDATE", (letter_id,))
         yield
-        wait_until(
-            lambda: (
-                db.scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-                == 2
-            ),
-            what="both operators waiting on the letter",
-        )
+        wait_until(lambda: db.waiting_on_locks() == 2, what="both operators waiting on it")
 
 
 def _operator(db: TestDatabase, tmp_path: Path, name: str, *args: str) -> SagaProcess:
