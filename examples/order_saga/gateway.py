@@ -15,14 +15,15 @@ payments service cannot know the card was charged).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import signal
 import threading
 import urllib.error
-import urllib.request
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 DECLINED = "tok_declined"
 
@@ -39,6 +40,8 @@ class _State:
 
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a client's connection serves many calls
+
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
 
@@ -113,11 +116,19 @@ class GatewayServer:
 
 
 class GatewayClient:
-    """What the payments service uses to talk to the gateway."""
+    """What the payments service uses to talk to the gateway.
+
+    Each thread keeps one HTTP/1.1 connection open across calls, as a real client
+    (a ``requests.Session``) would. A call whose connection fails closes it and
+    raises, without trying again: a charge's answer that was lost stays lost, and
+    the guarded side effect decides what happens next.
+    """
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._address = urlsplit(self.url)
+        self._local = threading.local()
 
     def charge(self, key: str, amount_cents: int, card_token: str) -> dict[str, Any]:
         body = {"idempotency_key": key, "amount_cents": amount_cents, "card_token": card_token}
@@ -148,20 +159,39 @@ class GatewayClient:
         self._post("/admin", {"charges_down": charges_down, "drop_charges": drop_charges})
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(
-            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            result: dict[str, Any] = json.loads(response.read())
-            return result
+        status, data = self._request("POST", path, json.dumps(body).encode())
+        if status >= 400:
+            raise self._failed(path, status, data)
+        result: dict[str, Any] = json.loads(data)
+        return result
 
     def _get(self, path: str) -> Any:
+        status, data = self._request("GET", path)
+        if status == 404:
+            return None
+        if status >= 400:
+            raise self._failed(path, status, data)
+        return json.loads(data)
+
+    def _failed(self, path: str, status: int, data: bytes) -> urllib.error.HTTPError:
+        """The error urllib would raise for an answer with this status."""
+        headers = http.client.HTTPMessage()
+        return urllib.error.HTTPError(self.url + path, status, data.decode(), headers, None)
+
+    def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPConnection(
+                self._address.hostname or "127.0.0.1", self._address.port, timeout=self.timeout
+            )
+            self._local.conn = conn
         try:
-            with urllib.request.urlopen(self.url + path, timeout=self.timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
+            conn.request(method, path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        except Exception:
+            conn.close()
+            self._local.conn = None
             raise
 
 

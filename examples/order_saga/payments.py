@@ -7,6 +7,7 @@ gateway sees the same key every time (a refund has a key of its own).
 
 from __future__ import annotations
 
+import functools
 import os
 
 from saga import HandlerContext, RetryPolicy, Service, StepFailed, Tx
@@ -28,7 +29,13 @@ service = Service("payments", retry=_retry())
 
 
 def gateway() -> GatewayClient:
-    return GatewayClient(os.environ["PAYMENT_GATEWAY_URL"])
+    """The gateway of ``PAYMENT_GATEWAY_URL``: one client per URL, its connections kept open."""
+    return _client(os.environ["PAYMENT_GATEWAY_URL"])
+
+
+@functools.cache
+def _client(url: str) -> GatewayClient:
+    return GatewayClient(url)
 
 
 @service.handler(ChargeCard)

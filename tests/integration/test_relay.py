@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from pydantic import BaseModel
 
@@ -13,6 +14,7 @@ from saga import Outbox
 from saga.errors import UnsafeDurability
 from saga.messaging.envelope import Envelope
 from saga.outbox_relay import Relay, RelayOptions
+from saga.outbox_relay.claims import RelayStore
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import in_thread
@@ -157,3 +159,29 @@ def test_relay_reconnects_after_losing_its_database_connections(
             lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="after reconnect"
         )
     assert sorted(_texts(rabbit.receive("notes", 2))) == ["after", "before"]
+
+
+def test_only_transactions_that_delete_published_rows_commit_without_waiting_for_the_disk(
+    db: TestDatabase,
+) -> None:
+    store = RelayStore("saga")
+    _write(db, "a", "b")
+    with db.connect(autocommit=False) as conn:
+        with conn.transaction():  # a writer's transaction keeps the server's setting
+            Outbox().add(conn, Note(text="c"), destination="notes")
+            assert _synchronous_commit(conn) == "on"
+        rows = store.claim(conn, 10)
+        store.delete(conn, [rows[0].id])  # the relay's delete of what the broker took
+        assert _synchronous_commit(conn) == "off"
+        conn.commit()
+        assert _synchronous_commit(conn) == "on"  # for that transaction only
+        with conn.transaction():  # a consumer taking the rows it wrote, to publish them
+            assert [r.id for r in store.take_ids(conn, [rows[1].id])] == [rows[1].id]
+            assert _synchronous_commit(conn) == "off"
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 1
+
+
+def _synchronous_commit(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    assert row is not None
+    return str(row[0])
