@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -240,11 +241,11 @@ class BatchProcessor:
 
     def _check(self, delivery: Delivery) -> Decoded | Rejection:
         """Signature and decoding, before the transaction: the message, or why it is refused."""
+        signing = self.signing
+        check = None if signing is None else partial(signing.verify, headers=delivery.headers)
         try:
-            if self.signing is not None:  # over the exact bytes received
-                self.signing.verify(delivery.body, delivery.headers)
             body, content_type = delivery.body, delivery.content_type
-            return decode(body, content_type, self.service, self.max_message_bytes)
+            return decode(body, content_type, self.service, self.max_message_bytes, check)
         except SignatureRejected as bad:
             return Rejection(bad.error_type, bad.message)
         except Rejection as rejection:

@@ -233,3 +233,12 @@ CREATE TABLE dashboard_actions (
     result    text        NOT NULL
 );
 CREATE INDEX dashboard_actions_acted_at ON dashboard_actions USING brin (acted_at);
+
+CREATE TABLE saga_definitions (
+    name        text        NOT NULL,
+    version     integer     NOT NULL,
+    fingerprint text        NOT NULL,
+    steps       jsonb       NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, version)
+);

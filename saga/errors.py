@@ -94,7 +94,11 @@ class NotCancellable(SagaError):
     """The saga cannot be cancelled in its current state (finished, or past its pivot)."""
 
 
-class SagaDataTooLarge(SagaError):
+class SagaDataRefused(SagaError):
+    """Saga data that cannot be stored as it is; nothing was written."""
+
+
+class SagaDataTooLarge(SagaDataRefused):
     """Saga data over its cap; nothing was written (store large data in a claim check)."""
 
     def __init__(self, saga: str, size: int, limit: int) -> None:

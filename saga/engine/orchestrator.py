@@ -299,7 +299,7 @@ class Orchestrator:
             raise ConfigurationError(
                 f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
             )
-        saga.check_data_size(data)
+        saga.check_data(data)
         return SagaRecord.new(
             saga_id or uuid7(),
             saga.name,

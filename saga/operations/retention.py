@@ -75,6 +75,25 @@ DELETE FROM {schema}.claim_checks WHERE id IN (
 )
 """
 
+#: What pruning needs on each table (``FOR UPDATE`` on the sagas takes UPDATE).
+_PRIVILEGES = (
+    ("inbox", "DELETE"),
+    ("inbox_replies", "DELETE"),
+    ("closed_steps", "DELETE"),
+    ("saga_instances", "UPDATE"),
+    ("saga_instances", "DELETE"),
+    ("saga_steps", "DELETE"),
+    ("dead_letters", "DELETE"),
+    ("dead_letter_replays", "DELETE"),
+    ("claim_checks", "DELETE"),
+)
+
+_MISSING_PRIVILEGES = """
+SELECT privilege || ' on ' || name
+FROM unnest(%s::text[], %s::text[]) AS needed (name, privilege)
+WHERE NOT has_table_privilege(name, privilege)
+"""
+
 _COUNTS = {
     "inbox": "SELECT count(*) FROM {schema}.inbox WHERE received_at < now() - %s::interval",
     "inbox_replies": "SELECT count(*) FROM {schema}.inbox_replies "
@@ -131,6 +150,7 @@ class Pruner:
     """Runs the retention policy against one schema."""
 
     def __init__(self, schema: str, policy: RetentionPolicy | None = None) -> None:
+        self.schema = schema
         self.policy = policy or RetentionPolicy()
         p = self.policy
         self._jobs: list[tuple[str, str, timedelta]] = [
@@ -143,6 +163,13 @@ class Pruner:
             ("claim_checks", render(_CLAIMS, schema), timedelta(0)),
         ]
         self._counts = {k: (render(_COUNTS[k], schema), age) for k, _, age in self._jobs}
+
+    def missing_privileges(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """What this session's role lacks to prune (e.g. ``DELETE on saga.inbox``)."""
+        names = [f"{self.schema}.{table}" for table, _ in _PRIVILEGES]
+        privileges = [privilege for _, privilege in _PRIVILEGES]
+        rows = conn.execute(_MISSING_PRIVILEGES, (names, privileges)).fetchall()
+        return [row[0] for row in rows]
 
     def count(self, conn: psycopg.Connection[Any]) -> PruneReport:
         """What :meth:`prune` would delete now (a dry run)."""

@@ -9,7 +9,8 @@ Three group roles (NOLOGIN; grant them to your login roles):
   the replies kept with it,
   outbox (a consumer publishes the rows it wrote right after committing, as a
   relay would), dead letters (insert), sagas, step log, claim checks,
-  guarded side effects, closed steps. Grant it your own business tables as well.
+  guarded side effects, closed steps, the saga definitions its registry records at
+  start-up. Grant it your own business tables as well.
 - ``<prefix>_operator``: reads everything; replays and purges dead letters,
   resumes, cancels and signals sagas, prunes past retention.
 """
@@ -33,6 +34,7 @@ _TABLES = (
     "closed_steps",
     "schema_migrations",
     "dashboard_actions",
+    "saga_definitions",
 )
 
 
@@ -58,6 +60,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("SELECT, INSERT, UPDATE", "side_effects", service),
         ("SELECT, INSERT", "closed_steps", service),
         ("SELECT", "schema_migrations", service),
+        ("SELECT, INSERT, UPDATE", "saga_definitions", service),  # recorded at start-up
     ]
     grants += [("SELECT", table, operator) for table in _TABLES]
     grants += [
