@@ -454,11 +454,12 @@ def now() -> datetime:
 class SavepointSteps:
     """Runs local steps on the orchestrator's transaction, each in its own savepoint.
 
-    The first local step of a transition also sets a savepoint for all of them: a
-    transition that fails after a local step succeeded rolls that step's writes back
-    with it (a batch of the orchestrator's deliveries has no savepoint per delivery).
-    Savepoints are never released (the commit ends them all), so a transition that
-    runs no local step sends nothing here, and each local step costs one statement.
+    The first local step's savepoint also holds for the whole transition: a transition
+    that fails after a local step succeeded rolls that step's writes back with it (a
+    batch of the orchestrator's deliveries has no savepoint per delivery); the later
+    local steps of the transition take one each. Savepoints are never released (the
+    commit ends them all), so a transition that runs no local step sends nothing here,
+    and each local step costs one statement.
     """
 
     def __init__(self, tx: psycopg.Connection[Any], clock: Callable[[], datetime] = now) -> None:
@@ -467,18 +468,17 @@ class SavepointSteps:
         self._opened = False
 
     def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
-        if not self._opened:
-            self.tx.execute("SAVEPOINT saga_transition", prepare=False)
-            self._opened = True
+        savepoint = "saga_local_step" if self._opened else "saga_transition"
+        self._opened = True
         started = self.clock()
-        self.tx.execute("SAVEPOINT saga_local_step", prepare=False)
+        self.tx.execute(f"SAVEPOINT {savepoint}", prepare=False)
         try:
             if compensation:
                 fault_point("orchestrator.in_compensation")
             result = action(self.tx, data)
         except Exception as exc:
             if not self.tx.broken:
-                self.tx.execute("ROLLBACK TO SAVEPOINT saga_local_step", prepare=False)
+                self.tx.execute(f"ROLLBACK TO SAVEPOINT {savepoint}", prepare=False)
             if isinstance(exc, StepFailed) or compensation:
                 return LocalOutcome(None, exc, started, self.clock())
             raise

@@ -26,7 +26,7 @@ def check_storable(saga: str, data: BaseModel, max_bytes: int) -> None:
     text = data.__pydantic_serializer__.to_json(data)
     if len(text) > max_bytes:
         raise SagaDataTooLarge(saga, len(text), max_bytes)
-    if _ESCAPED_NUL.search(text):
+    if b"\\u0000" in text and _ESCAPED_NUL.search(text):  # the plain test first: it is cheap
         where = ", ".join(_nul_paths(data.model_dump(mode="json"), "data"))
         raise SagaDataRefused(
             f"saga {saga!r} data holds a NUL character (\\u0000) at {where}: PostgreSQL's "

@@ -135,6 +135,19 @@ def test_a_batch_of_replies_costs_fewer_statements_than_deliveries(db: TestDatab
     assert len(_outbox(db, "orders")) == 12  # each wait's timeout, in one insert
 
 
+def test_a_transition_with_one_local_step_takes_one_savepoint(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+    replies = _replies_for(db, [Order(order_id=f"o{i}") for i in range(12)])
+
+    outcomes, statements = _handle(db, replies)
+
+    assert outcomes == [Outcome.HANDLED] * 12
+    assert set(_statuses(db).values()) == {("running", "approve")}
+    # the six of a batch, then for each saga's local step a savepoint and its insert
+    assert statements == 6 + 12 * 2
+    assert db.scalar("SELECT count(*) FROM public.effects WHERE kind = 'record'") == 12
+
+
 def test_one_delivery_alone_is_written_directly(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
     (reply,) = _replies_for(db, [Order(order_id="alone", local="skip")])
