@@ -146,6 +146,15 @@ class BatchConflict(SagaError):
     """
 
 
+class NeedsSavepoint(SagaError):
+    """A local step failed in a delivery handled without a savepoint of its own.
+
+    Its writes cannot be undone alone there: the consumer runtime rolls the delivery's
+    segment back and handles it again with a savepoint, where the failure takes its
+    course (the saga compensates, or the delivery is retried).
+    """
+
+
 class ConcurrentUpdate(SagaError):
     """Another transaction changed the saga first; the handler is retried."""
 

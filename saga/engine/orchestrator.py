@@ -37,6 +37,7 @@ from saga.errors import (
     ConfigurationError,
     IdempotencyKeyReused,
     IdempotencyKeyTaken,
+    NeedsSavepoint,
     NotCancellable,
     SagaError,
     StaleReply,
@@ -151,7 +152,7 @@ class Orchestrator:
     ) -> None:
         """Run the first steps of a saga recorded by :meth:`start_async`."""
         record = self._load(tx, request.saga_id, batch)
-        with self._transition(tx, self._definition(record), record, None) as run:
+        with self._transition(tx, self._definition(record), record, None, batch) as run:
             begun = run.begin()
             if begun:
                 self._apply(tx, run, metrics, batch)
@@ -171,7 +172,7 @@ class Orchestrator:
         if not awaits_reply(record, envelope):
             self._late_reply(tx, record, reply, envelope, metrics, batch)
             return
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             if isinstance(reply, FailureReply):
                 run.on_failure(reply)
             else:
@@ -187,7 +188,7 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope, batch)
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             run.on_timer(timer)
             self._apply(tx, run, metrics, batch)
 
@@ -199,7 +200,7 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._load(tx, signal.saga_id, batch)
-        with self._transition(tx, self._definition(record), record, None) as run:
+        with self._transition(tx, self._definition(record), record, None, batch) as run:
             try:
                 refused = run.on_signal(signal)
             except ValidationError as exc:
@@ -224,7 +225,7 @@ class Orchestrator:
                 tx, record, timeout.step, "timeout lost the race: the saga moved on", batch
             )
             return
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             run.on_wait_timeout()
             self._apply(tx, run, metrics, batch)
 
@@ -240,7 +241,7 @@ class Orchestrator:
         if not deadline_applies(record, deadline):
             logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
             return
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             run.on_deadline(deadline)
             self._apply(tx, run, metrics, batch)
 
@@ -263,7 +264,7 @@ class Orchestrator:
         record = self._read(tx, request.saga_id, batch)
         if record is None:
             raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
-        with self._transition(tx, self._definition(record), record, None) as run:
+        with self._transition(tx, self._definition(record), record, None, batch) as run:
             resumed = run.resume()
             if resumed:
                 self._apply(tx, run, metrics, batch)
@@ -360,7 +361,7 @@ class Orchestrator:
         """
         step = envelope.headers.get(STEP_HEADER) or "(reply)"
         if may_undo(reply, envelope):
-            with self._transition(tx, self._definition(record), record, envelope) as run:
+            with self._transition(tx, self._definition(record), record, envelope, batch) as run:
                 undone = run.undo_late_success(step, reply)
                 if undone:
                     self._apply(tx, run, metrics, batch)
@@ -414,9 +415,10 @@ class Orchestrator:
         saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
+        batch: SagaBatch | None = None,
     ) -> Iterator[Transition]:
         """A transition of ``record`` now; the local steps it runs are undone if it fails."""
-        steps = SavepointSteps(tx, self.clock)
+        steps = SavepointSteps(tx, self.clock, guarded=batch is None or batch.guarded)
         try:
             yield Transition(
                 saga,
@@ -460,22 +462,37 @@ class SavepointSteps:
     local steps of the transition take one each. Savepoints are never released (the
     commit ends them all), so a transition that runs no local step sends nothing here,
     and each local step costs one statement.
+
+    Not ``guarded`` (a delivery of a batch handled under its segment's savepoint), local
+    steps run with no savepoint at all, and one that raises raises
+    :class:`NeedsSavepoint`: the runtime handles the delivery again, guarded.
     """
 
-    def __init__(self, tx: psycopg.Connection[Any], clock: Callable[[], datetime] = now) -> None:
+    def __init__(
+        self,
+        tx: psycopg.Connection[Any],
+        clock: Callable[[], datetime] = now,
+        *,
+        guarded: bool = True,
+    ) -> None:
         self.tx = tx
         self.clock = clock
+        self.guarded = guarded
         self._opened = False
 
     def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
+        started = self.clock()
+        if not self.guarded:
+            try:
+                result = self._call(action, data, compensation)
+            except Exception as exc:
+                raise NeedsSavepoint(f"local step failed: {exc!r}") from exc
+            return LocalOutcome(result, None, started, self.clock())
         savepoint = "saga_local_step" if self._opened else "saga_transition"
         self._opened = True
-        started = self.clock()
         self.tx.execute(f"SAVEPOINT {savepoint}", prepare=False)
         try:
-            if compensation:
-                fault_point("orchestrator.in_compensation")
-            result = action(self.tx, data)
+            result = self._call(action, data, compensation)
         except Exception as exc:
             if not self.tx.broken:
                 self.tx.execute(f"ROLLBACK TO SAVEPOINT {savepoint}", prepare=False)
@@ -483,6 +500,11 @@ class SavepointSteps:
                 return LocalOutcome(None, exc, started, self.clock())
             raise
         return LocalOutcome(result, None, started, self.clock())
+
+    def _call(self, action: LocalAction, data: BaseModel, compensation: bool) -> Any:
+        if compensation:
+            fault_point("orchestrator.in_compensation")
+        return action(self.tx, data)
 
     def undo(self) -> None:
         """The transition failed: roll its local steps' writes back."""
