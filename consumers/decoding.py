@@ -3,11 +3,14 @@
 Everything here runs before any handler: a body that is too large, not JSON,
 not an envelope, of an unknown type or with an invalid payload is rejected
 with a reason, recorded as a dead letter and acknowledged, so it never blocks
-the messages behind it. Nothing but JSON is ever decoded (no pickle).
+the messages behind it. Nothing but JSON is ever decoded (no pickle), and a
+signature is checked over the raw bytes before any of them is parsed (only the
+size is looked at first, so no digest is computed over an oversized body).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
@@ -26,10 +29,22 @@ class Decoded:
     message: BaseModel
 
 
-def decode(body: bytes, content_type: str | None, service: Service, max_bytes: int) -> Decoded:
-    """Validate ``body`` for ``service``; raise :class:`Rejection` with the reason if unusable."""
+def decode(
+    body: bytes,
+    content_type: str | None,
+    service: Service,
+    max_bytes: int,
+    authenticate: Callable[[bytes], None] | None = None,
+) -> Decoded:
+    """Validate ``body`` for ``service``; raise :class:`Rejection` with the reason if unusable.
+
+    ``authenticate`` (a signature check, raising on a forgery) runs on the raw bytes once
+    they are known not to be oversized, before anything parses them.
+    """
     if len(body) > max_bytes:
         raise Rejection("MessageTooLarge", f"body of {len(body)} bytes is over {max_bytes}")
+    if authenticate is not None:
+        authenticate(body)
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
     if media_type != CONTENT_TYPE:
         raise Rejection(

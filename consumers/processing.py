@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -40,6 +41,7 @@ from saga.errors import (
     BatchConflict,
     ConcurrentUpdate,
     ConfigurationError,
+    NeedsSavepoint,
     Rejection,
     SignatureRejected,
     StepFailed,
@@ -203,9 +205,9 @@ class BatchProcessor:
     def _handle_all(
         self, conn: psycopg.Connection[Any], items: list[tuple[Delivery, Decoded | Rejection]]
     ) -> list[Outcome]:
-        # A service's batch scope guards its own writes. Where spans are recorded, a
-        # delivery is never run twice: each message keeps exactly one span.
-        if self._scope is not None or tracing.records_spans():
+        # Where spans are recorded, a delivery is never run twice: each message keeps
+        # exactly one span.
+        if tracing.records_spans():
             return [self._careful(conn, delivery, item) for delivery, item in items]
         outcomes: list[Outcome] = []
         while len(outcomes) < len(items):
@@ -222,7 +224,8 @@ class BatchProcessor:
         before it are handled again with a savepoint each, and the one that failed takes
         its failure path with the error its first try raised.
         """
-        mark = self._staged.mark()
+        scope = self._scope
+        mark, scope_mark = self._staged.mark(), scope.mark() if scope is not None else None
         conn.execute("SAVEPOINT segment", prepare=False)
         outcomes: list[Outcome] = []
         for delivery, item in items:
@@ -232,19 +235,24 @@ class BatchProcessor:
                 continue
             conn.execute("ROLLBACK TO SAVEPOINT segment", prepare=False)
             self._staged.restore(mark)
+            if scope is not None:
+                scope.restore(scope_mark)
             again = [self._careful(conn, d, it) for d, it in items[: len(outcomes)]]
-            return [*again, self._careful(conn, delivery, item, first_try=outcome)]
+            # A handler that needed a savepoint to go on runs again with one; any other
+            # failure would have been the same with one: its first try is done.
+            first_try = None if isinstance(outcome, NeedsSavepoint) else outcome
+            return [*again, self._careful(conn, delivery, item, first_try=first_try)]
         return outcomes
 
     # -- one delivery --------------------------------------------------------
 
     def _check(self, delivery: Delivery) -> Decoded | Rejection:
         """Signature and decoding, before the transaction: the message, or why it is refused."""
+        signing = self.signing
+        check = None if signing is None else partial(signing.verify, headers=delivery.headers)
         try:
-            if self.signing is not None:  # over the exact bytes received
-                self.signing.verify(delivery.body, delivery.headers)
             body, content_type = delivery.body, delivery.content_type
-            return decode(body, content_type, self.service, self.max_message_bytes)
+            return decode(body, content_type, self.service, self.max_message_bytes, check)
         except SignatureRejected as bad:
             return Rejection(bad.error_type, bad.message)
         except Rejection as rejection:
@@ -470,6 +478,8 @@ class BatchProcessor:
         # Handled with care, a delivery's writes are undone alone (a service writing batches
         # at once stages its writes and guards its own savepoints); otherwise its segment's
         # savepoint covers them.
+        if self._scope is not None:
+            self._scope.guarded = careful
         guarded = careful and self._scope is None
         with _savepoint(conn) if guarded else nullcontext():
             ctx = HandlerContext(

@@ -33,7 +33,7 @@ from saga.broker.transport import (
 from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
-from saga.errors import SagaError
+from saga.errors import ConfigurationError, SagaError
 from saga.faults import fault_point
 from saga.handlers.service import Service
 from saga.messaging.envelope import CONTENT_TYPE
@@ -92,6 +92,12 @@ class Worker:
         self.database_url = database_url
         self.broker = broker
         self.options = options or ConsumerOptions()
+        if service.schema not in (None, self.options.schema):
+            raise ConfigurationError(
+                f"service {service.name!r} keeps its sagas in schema {service.schema!r}, but "
+                f"its consumer would run on schema {self.options.schema!r}: give both the "
+                "same schema (the registry's schema=, and --schema or SAGA_SCHEMA)"
+            )
         self.topology = topology or Topology()
         self.name = name
         self.processor = BatchProcessor(

@@ -237,6 +237,15 @@ CREATE TABLE dashboard_actions (
 );
 CREATE INDEX dashboard_actions_acted_at ON dashboard_actions USING brin (acted_at);
 
+CREATE TABLE saga_definitions (
+    name        text        NOT NULL,
+    version     integer     NOT NULL,
+    fingerprint text        NOT NULL,
+    steps       jsonb       NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, version)
+);
+
 -- Events: what each consumer subscribes to (recorded at every connect), events that
 -- reached no subscriber, and events kept for the saga that will wait for them.
 CREATE TABLE subscriptions (

@@ -127,6 +127,7 @@ class Relay:
         try:
             self._db = psycopg.connect(self.database_url, autocommit=False)
             check_durability(self._db, allow_async_commit=self.options.allow_async_commit)
+            self._check_prune_privileges(self._db)
             self._db.commit()
             self._listen = psycopg.connect(self.database_url, autocommit=True)
             self._listen.execute(f"LISTEN {wake_channel(self.options.schema)}")
@@ -239,6 +240,20 @@ class Relay:
             self._heartbeat()
             self._wait(stop, idle)
             idle = min(idle * 2, self.options.idle_poll_max)
+
+    def _check_prune_privileges(self, db: psycopg.Connection[Any]) -> None:
+        """Background pruning deletes from tables the relay role is not granted: refuse
+        to start without them rather than fail at the first prune."""
+        if self.options.prune_interval is None:
+            return
+        missing = self.pruner.missing_privileges(db)
+        if missing:
+            self.close()
+            raise ConfigurationError(
+                f"the relay cannot prune (--prune-interval): its role lacks {', '.join(missing)}. "
+                "Prune as the operator role instead (saga db prune, on a schedule), or run "
+                "this relay under a role granted those privileges."
+            )
 
     def _prune_a_little(self) -> None:
         """A few retention batches between relay batches (background pruning)."""

@@ -98,7 +98,11 @@ class NotCancellable(SagaError):
     """The saga cannot be cancelled in its current state (finished, or past its pivot)."""
 
 
-class SagaDataTooLarge(SagaError):
+class SagaDataRefused(SagaError):
+    """Saga data that cannot be stored as it is; nothing was written."""
+
+
+class SagaDataTooLarge(SagaDataRefused):
     """Saga data over its cap; nothing was written (store large data in a claim check)."""
 
     def __init__(self, saga: str, size: int, limit: int) -> None:
@@ -143,6 +147,15 @@ class BatchConflict(SagaError):
 
     Retrying it inside the batch would keep every lock the batch holds; the
     whole batch is rolled back instead and its deliveries handled one by one.
+    """
+
+
+class NeedsSavepoint(SagaError):
+    """A local step failed in a delivery handled without a savepoint of its own.
+
+    Its writes cannot be undone alone there: the consumer runtime rolls the delivery's
+    segment back and handles it again with a savepoint, where the failure takes its
+    course (the saga compensates, or the delivery is retried).
     """
 
 

@@ -31,6 +31,8 @@ class Supervisor:
         self.commands = {name: (args, env) for name, args, env in commands}
         self.processes: dict[str, SagaProcess] = {}
         self.restarts: Counter[str] = Counter()
+        #: (name, exit code) of every death the supervisor answered with a restart
+        self.deaths: list[tuple[str, int]] = []
         self.finished: set[str] = set()
         for name, (args, env) in self.commands.items():
             armed = {**env, FAULTS_VAR: faults} if faults else env
@@ -49,6 +51,7 @@ class Supervisor:
             args, env = self.commands[name]
             self.processes[name] = SagaProcess(args, env, self.log_dir, name)
             self.restarts[name] += 1
+            self.deaths.append((name, code))
             restarted += 1
         return restarted
 
@@ -73,8 +76,19 @@ class Supervisor:
     def fired(self) -> Counter[str]:
         """Fault points that fired, from the processes' logs."""
         fired: Counter[str] = Counter()
-        for log in self.log_dir.glob("*.log"):
-            for line in log.read_text(errors="replace").splitlines():
-                if line.startswith("fault point ") and line.endswith(" fired: SIGKILL"):
-                    fired[line.split()[2]] += 1
+        for points in self.fired_by_process().values():
+            fired.update(points)
+        return fired
+
+    def fired_by_process(self) -> dict[str, Counter[str]]:
+        """The fault points each process (by name, every run of it) fired, from its log."""
+        fired: dict[str, Counter[str]] = {}
+        for name in self.commands:
+            log = self.log_dir / f"{name}.log"
+            text = log.read_text(errors="replace") if log.exists() else ""
+            fired[name] = Counter(
+                line.split()[2]
+                for line in text.splitlines()
+                if line.startswith("fault point ") and line.endswith(" fired: SIGKILL")
+            )
         return fired

@@ -59,14 +59,16 @@ def consume(
     from saga.cli.loading import load_service
     from saga.consumers.runner import ServiceRunner
     from saga.consumers.worker import ConsumerOptions
+    from saga.observability.redaction import redact_url
 
     settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
     setup_logging(settings, log_level, log_format)
     service = load_service(target)
+    database_url, broker = settings.require_database_url(), broker_config(settings)
     runner = ServiceRunner(
         service,
-        settings.require_database_url(),
-        broker_config(settings),
+        database_url,
+        broker,
         ConsumerOptions(
             schema=settings.db_schema,
             concurrency=concurrency,
@@ -79,5 +81,8 @@ def consume(
         metrics=serve_metrics(metrics_port, settings),
         stop_event=stop_on_signals(),
     )
-    err_console.print(f"consuming {service!r} with {concurrency} worker(s)")
+    err_console.print(
+        f"consuming {service!r} with {concurrency} worker(s): "
+        f"database {redact_url(database_url)!r}, {broker!r}"
+    )
     runner.run()

@@ -29,11 +29,13 @@ def versions(
     database_url: DatabaseUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
-    """Per saga name and version: how many are running, waiting, stopped and finished."""
+    """Per saga name and version: how many are running, waiting, stopped and finished, and
+    the fingerprint of the definition recorded for it (when a consumer of its registry
+    first connected)."""
     settings = settings_from(database_url=database_url, schema=schema)
     with connect(settings) as conn:
         rows = SagaStore(settings.db_schema).versions(conn)
-    keys = ("name", "version", "running", "waiting", "needs_operator", "finished")
+    keys = ("name", "version", "running", "waiting", "needs_operator", "finished", "definition")
     if as_json:
         print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=2))
         return
@@ -41,7 +43,7 @@ def versions(
     for key in keys:
         table.add_column(key.replace("_", " "), justify="left" if key == "name" else "right")
     for row in rows:
-        table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in row))
+        table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v or "-") for v in row))
     print_table(table)
 
 

@@ -13,7 +13,7 @@ deliveries decided.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from uuid import UUID
 
 from saga.db.sql import Tx
@@ -24,6 +24,19 @@ from saga.messaging.dead_letters import DeadLetter
 from saga.messaging.envelope import Envelope
 from saga.messaging.outbox import OutgoingMessage
 from saga.observability.metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """What a batch had staged at one moment (lists by their lengths)."""
+
+    read: dict[UUID, SagaRecord]
+    changed: dict[UUID, SagaRecord]
+    log: int
+    outgoing: int
+    letters: int
+    ended: int
+    metrics: Metrics | None
 
 
 class SagaBatch:
@@ -38,6 +51,27 @@ class SagaBatch:
         self._letters: list[DeadLetter] = []
         self._ended: list[tuple[str, str]] = []
         self._metrics: Metrics | None = None
+        #: Whether the delivery being handled has a savepoint of its own (set by the runtime).
+        self.guarded = True
+
+    def mark(self) -> object:
+        """The staged state now, for :meth:`restore`."""
+        return _Mark(
+            dict(self._read),
+            dict(self._changed),
+            len(self._log),
+            len(self._outgoing),
+            len(self._letters),
+            len(self._ended),
+            self._metrics,
+        )
+
+    def restore(self, mark: object) -> None:
+        """Drop what was staged since :meth:`mark` (its segment of the batch rolled back)."""
+        assert isinstance(mark, _Mark)
+        self._read, self._changed, self._metrics = mark.read, mark.changed, mark.metrics
+        del self._log[mark.log :], self._outgoing[mark.outgoing :]
+        del self._letters[mark.letters :], self._ended[mark.ended :]
 
     def read_all(self, tx: Tx, saga_ids: Sequence[UUID]) -> None:
         """Read the rows of ``saga_ids`` in one statement, for :meth:`record` to hand out."""

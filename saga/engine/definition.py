@@ -27,7 +27,8 @@ from pydantic import BaseModel, ValidationError
 
 from saga.db.sql import Tx, validate_name
 from saga.engine.builders import CommandBuilder, FieldsBuilder, as_builder, message_class
-from saga.errors import ConfigurationError, SagaDataTooLarge
+from saga.engine.saga_data import check_storable
+from saga.errors import ConfigurationError
 from saga.messaging.envelope import message_type_of
 
 D = TypeVar("D", bound=BaseModel)
@@ -213,11 +214,9 @@ class Saga(Generic[D]):
     def __repr__(self) -> str:
         return f"Saga({self.name!r}, version={self.version}, steps={[s.name for s in self.steps]})"
 
-    def check_data_size(self, data: BaseModel) -> None:
-        """Raise :class:`SagaDataTooLarge` if ``data`` serializes to over ``max_data_bytes``."""
-        size = len(data.__pydantic_serializer__.to_json(data))
-        if size > self.max_data_bytes:
-            raise SagaDataTooLarge(self.name, size, self.max_data_bytes)
+    def check_data(self, data: BaseModel) -> None:
+        """Refuse data that cannot be stored (too large, or holding a NUL character)."""
+        check_storable(self.name, data, self.max_data_bytes)
 
     # -- declaring steps -----------------------------------------------------
 

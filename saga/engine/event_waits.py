@@ -1,5 +1,10 @@
 """Sagas waiting for published events, found by key; events that came before their saga.
 
+:class:`EventDelivery` is the orchestrator's part: it hands a published event to every
+saga waiting for it under a key it carries (as a signal: the transition is the same),
+keeps it under the keys nobody waited for, and when a saga begins such a wait gives it
+the event that came early. :class:`EventWaits` holds their statements.
+
 A saga waiting for a published event is a row with ``waiting_for`` (the event's type) and
 ``wait_key``. An event for which no saga waits yet is kept in ``early_events`` under each
 key it carries, and the first saga that begins to wait under one takes it. Both sides take
@@ -10,14 +15,28 @@ second sees what the first committed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
+from pydantic import BaseModel
 
 from saga.db.sql import Tx, render
+from saga.engine.batch import SagaBatch
+from saga.engine.definition import Saga, WaitStep
+from saga.engine.routing import awaits_event
+from saga.engine.state import SagaRecord
+from saga.messaging.control import Signal
+from saga.messaging.envelope import Envelope
+from saga.observability.metrics import Metrics
+
+#: The orchestrator's: a saga's record (from the batch's read when there is one) ...
+ReadRecord = Callable[[Tx, UUID, SagaBatch | None], SagaRecord | None]
+#: ... the definition it runs under, and how a signal is applied to it (or refused).
+DefinitionOf = Callable[[SagaRecord], Saga[Any]]
+ApplySignal = Callable[[Tx, SagaRecord, Signal, str, Metrics | None, SagaBatch | None], None]
 
 _LOCK = """
 SELECT pg_advisory_xact_lock(hashtextextended('saga event ' || %s || ' ' || k, 0))
@@ -86,3 +105,67 @@ class EventWaits:
         """The oldest event kept for (``event_type``, ``key``), removed; None if there is none."""
         row = tx.execute(self._take, (event_type, key)).fetchone()
         return EarlyEvent(row[0], row[1]) if row else None
+
+
+class EventDelivery:
+    """Published events to the sagas of one orchestrator that wait for them."""
+
+    def __init__(
+        self, waits: EventWaits, read: ReadRecord, definition: DefinitionOf, apply: ApplySignal
+    ) -> None:
+        self.waits = waits
+        self._read = read
+        self._definition = definition
+        self._apply = apply
+
+    def on_event(
+        self,
+        tx: Tx,
+        event: BaseModel,
+        envelope: Envelope,
+        steps: Sequence[WaitStep],
+        metrics: Metrics | None = None,
+        batch: SagaBatch | None = None,
+    ) -> None:
+        """End the wait of every saga waiting for ``event`` under a key it carries
+        (``steps``: the wait steps for its type); keep it under the keys nobody waited for."""
+        keys = sorted({key for step in steps if (key := step.key_of_event(event)) is not None})
+        self.waits.lock(tx, envelope.type, keys)
+        found = set(self.waits.waiting(tx, envelope.type, keys))
+        if batch is not None:  # a delivery earlier in the batch may have begun the wait
+            found.update(batch.waiting_for_event(envelope.type, keys))
+        delivered: set[str] = set()
+        for saga_id in sorted(found):
+            record = self._read(tx, saga_id, batch)
+            key = self._key_for(record, event) if record is not None else None
+            if record is not None and key is not None and awaits_event(record, envelope.type, key):
+                signal = Signal(saga_id=saga_id, event=envelope.type, data=envelope.payload)
+                self._apply(tx, record, signal, "event", metrics, batch)
+                delivered.add(key)
+        if kept := [key for key in keys if key not in delivered]:
+            self.waits.park(tx, envelope.type, kept, envelope.message_id, envelope.payload)
+
+    def deliver_early(
+        self,
+        tx: Tx,
+        record: SagaRecord,
+        wait: tuple[str, str],
+        metrics: Metrics | None,
+        batch: SagaBatch | None,
+    ) -> None:
+        """The saga began to wait for ``wait`` (event type, key): an event that came before
+        ends the wait at once."""
+        event_type, key = wait
+        self.waits.lock(tx, event_type, [key])
+        early = self.waits.take(tx, event_type, key)
+        if early is None:
+            return
+        current = self._read(tx, record.id, batch) if batch is not None else record
+        assert current is not None
+        signal = Signal(saga_id=record.id, event=event_type, data=early.payload)
+        self._apply(tx, current, signal, "early event", metrics, batch)
+
+    def _key_for(self, record: SagaRecord, event: BaseModel) -> str | None:
+        """The key ``event`` carries for the wait step ``record`` is at (None: no such wait)."""
+        step = self._definition(record).step(record.step) if record.step else None
+        return step.key_of_event(event) if isinstance(step, WaitStep) else None

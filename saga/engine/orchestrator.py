@@ -10,7 +10,7 @@ optimistic ``WHERE version = n``. A lost race raises
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -20,13 +20,12 @@ import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.engine.batch import SagaBatch
-from saga.engine.definition import LocalAction, Saga, WaitStep
-from saga.engine.event_waits import EventWaits
+from saga.engine.definition import LocalAction, Saga
+from saga.engine.event_waits import EventDelivery, EventWaits
 from saga.engine.home import SagaHome
 from saga.engine.outcomes import LocalOutcome
 from saga.engine.routing import (
     awaits,
-    awaits_event,
     awaits_reply,
     deadline_applies,
     may_undo,
@@ -39,6 +38,7 @@ from saga.errors import (
     ConfigurationError,
     IdempotencyKeyReused,
     IdempotencyKeyTaken,
+    NeedsSavepoint,
     NotCancellable,
     SagaError,
     StaleReply,
@@ -75,7 +75,9 @@ class Orchestrator:
         self.definitions = definitions
         self.store = home.store
         self.async_store = AsyncSagaStore(self.store)
-        self.event_waits = EventWaits(home.schema)
+        #: published events, to the sagas waiting for them (or kept for those that will)
+        self.events = EventDelivery(EventWaits(home.schema), self._read, self._definition,
+                                    self._signalled)  # fmt: skip
         #: What time it is for the sagas' transitions and step log (saga.testing's virtual
         #: clock replaces it; the timers themselves are delayed outbox rows).
         self.clock: Callable[[], datetime] = now
@@ -112,7 +114,7 @@ class Orchestrator:
                     raise IdempotencyKeyTaken
                 self.home.persist(tx, None, result.log, result.outgoing, result.dead_letters)
                 if result.started_wait is not None:
-                    self._deliver_early(tx, result.record, result.started_wait, None, None)
+                    self.events.deliver_early(tx, result.record, result.started_wait, None, None)
         except IdempotencyKeyTaken:
             assert idempotency_key is not None
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
@@ -156,7 +158,7 @@ class Orchestrator:
     ) -> None:
         """Run the first steps of a saga recorded by :meth:`start_async`."""
         record = self._load(tx, request.saga_id, batch)
-        with self._transition(tx, self._definition(record), record, None) as run:
+        with self._transition(tx, self._definition(record), record, None, batch) as run:
             begun = run.begin()
             if begun:
                 self._apply(tx, run, metrics, batch)
@@ -176,7 +178,7 @@ class Orchestrator:
         if not awaits_reply(record, envelope):
             self._late_reply(tx, record, reply, envelope, metrics, batch)
             return
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             if isinstance(reply, FailureReply):
                 run.on_failure(reply)
             else:
@@ -192,7 +194,7 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope, batch)
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             run.on_timer(timer)
             self._apply(tx, run, metrics, batch)
 
@@ -205,34 +207,6 @@ class Orchestrator:
     ) -> None:
         record = self._load(tx, signal.saga_id, batch)
         self._signalled(tx, record, signal, "signal", metrics, batch)
-
-    def on_event(
-        self,
-        tx: psycopg.Connection[Any],
-        event: BaseModel,
-        envelope: Envelope,
-        waits: Sequence[WaitStep],
-        metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
-    ) -> None:
-        """A published event ends the wait of every saga waiting for it under a key it
-        carries (``waits``: the wait steps for its type); under a key no saga waits for, it
-        is kept for the saga that will."""
-        keys = sorted({key for step in waits if (key := step.key_of_event(event)) is not None})
-        self.event_waits.lock(tx, envelope.type, keys)
-        found = set(self.event_waits.waiting(tx, envelope.type, keys))
-        if batch is not None:
-            found.update(batch.waiting_for_event(envelope.type, keys))
-        delivered: set[str] = set()
-        for saga_id in sorted(found):
-            record = self._read(tx, saga_id, batch)
-            key = self._wait_key(record, event) if record is not None else None
-            if record is not None and key is not None and awaits_event(record, envelope.type, key):
-                signal = Signal(saga_id=saga_id, event=envelope.type, data=envelope.payload)
-                self._signalled(tx, record, signal, "event", metrics, batch)
-                delivered.add(key)
-        if kept := [key for key in keys if key not in delivered]:
-            self.event_waits.park(tx, envelope.type, kept, envelope.message_id, envelope.payload)
 
     def on_wait_timeout(
         self,
@@ -249,7 +223,7 @@ class Orchestrator:
                 tx, record, timeout.step, "timeout lost the race: the saga moved on", batch
             )
             return
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             run.on_wait_timeout()
             self._apply(tx, run, metrics, batch)
 
@@ -265,7 +239,7 @@ class Orchestrator:
         if not deadline_applies(record, deadline):
             logger.debug("deadline of %s passed after its reply; nothing to do", deadline.step)
             return
-        with self._transition(tx, self._definition(record), record, envelope) as run:
+        with self._transition(tx, self._definition(record), record, envelope, batch) as run:
             run.on_deadline(deadline)
             self._apply(tx, run, metrics, batch)
 
@@ -288,7 +262,7 @@ class Orchestrator:
         record = self._read(tx, request.saga_id, batch)
         if record is None:
             raise UnknownSaga(f"cannot resume unknown saga {request.saga_id}")
-        with self._transition(tx, self._definition(record), record, None) as run:
+        with self._transition(tx, self._definition(record), record, None, batch) as run:
             resumed = run.resume()
             if resumed:
                 self._apply(tx, run, metrics, batch)
@@ -324,7 +298,7 @@ class Orchestrator:
             raise ConfigurationError(
                 f"saga {saga.name!r} takes {saga.data_model.__name__}, not {type(data).__name__}"
             )
-        saga.check_data_size(data)
+        saga.check_data(data)
         return SagaRecord.new(
             saga_id or uuid7(),
             saga.name,
@@ -385,7 +359,7 @@ class Orchestrator:
         """
         step = envelope.headers.get(STEP_HEADER) or "(reply)"
         if may_undo(reply, envelope):
-            with self._transition(tx, self._definition(record), record, envelope) as run:
+            with self._transition(tx, self._definition(record), record, envelope, batch) as run:
                 undone = run.undo_late_success(step, reply)
                 if undone:
                     self._apply(tx, run, metrics, batch)
@@ -438,7 +412,7 @@ class Orchestrator:
         batch: SagaBatch | None,
     ) -> None:
         """Apply ``signal`` (a signal, or a published event as one), or record why not."""
-        with self._transition(tx, self._definition(record), record, None) as run:
+        with self._transition(tx, self._definition(record), record, None, batch) as run:
             try:
                 refused = run.on_signal(signal)
             except ValidationError as exc:
@@ -447,31 +421,6 @@ class Orchestrator:
                 self._apply(tx, run, metrics, batch)
         if refused:
             self._ignored(tx, record, f"{what} {signal.event}", refused, batch)
-
-    def _wait_key(self, record: SagaRecord, event: BaseModel) -> str | None:
-        """The key ``event`` carries for the wait step ``record`` is at (None: not waiting)."""
-        step = self._definition(record).step(record.step) if record.step else None
-        return step.key_of_event(event) if isinstance(step, WaitStep) else None
-
-    def _deliver_early(
-        self,
-        tx: psycopg.Connection[Any],
-        record: SagaRecord,
-        wait: tuple[str, str],
-        metrics: Metrics | None,
-        batch: SagaBatch | None,
-    ) -> None:
-        """The saga began to wait for ``wait`` (event type, key): an event that came before
-        ends the wait at once."""
-        event_type, key = wait
-        self.event_waits.lock(tx, event_type, [key])
-        early = self.event_waits.take(tx, event_type, key)
-        if early is None:
-            return
-        current = self._read(tx, record.id, batch) if batch is not None else record
-        assert current is not None
-        signal = Signal(saga_id=record.id, event=event_type, data=early.payload)
-        self._signalled(tx, current, signal, "early event", metrics, batch)
 
     def _definition(self, record: SagaRecord) -> Saga[Any]:
         """The definition ``record`` runs under (its name and version)."""
@@ -484,9 +433,10 @@ class Orchestrator:
         saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
+        batch: SagaBatch | None = None,
     ) -> Iterator[Transition]:
         """A transition of ``record`` now; the local steps it runs are undone if it fails."""
-        steps = SavepointSteps(tx, self.clock)
+        steps = SavepointSteps(tx, self.clock, guarded=batch is None or batch.guarded)
         try:
             yield Transition(
                 saga,
@@ -516,7 +466,7 @@ class Orchestrator:
             if metrics is not None and result.ended is not None:
                 metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
         if result.started_wait is not None:
-            self._deliver_early(tx, result.record, result.started_wait, metrics, batch)
+            self.events.deliver_early(tx, result.record, result.started_wait, metrics, batch)
 
 
 def now() -> datetime:
@@ -526,35 +476,55 @@ def now() -> datetime:
 class SavepointSteps:
     """Runs local steps on the orchestrator's transaction, each in its own savepoint.
 
-    The first local step of a transition also sets a savepoint for all of them: a
-    transition that fails after a local step succeeded rolls that step's writes back
-    with it (a batch of the orchestrator's deliveries has no savepoint per delivery).
-    Savepoints are never released (the commit ends them all), so a transition that
-    runs no local step sends nothing here, and each local step costs one statement.
+    The first local step's savepoint also holds for the whole transition: a transition
+    that fails after a local step succeeded rolls that step's writes back with it (a
+    batch of the orchestrator's deliveries has no savepoint per delivery); the later
+    local steps of the transition take one each. Savepoints are never released (the
+    commit ends them all), so a transition that runs no local step sends nothing here,
+    and each local step costs one statement.
+
+    Not ``guarded`` (a delivery of a batch handled under its segment's savepoint), local
+    steps run with no savepoint at all, and one that raises raises
+    :class:`NeedsSavepoint`: the runtime handles the delivery again, guarded.
     """
 
-    def __init__(self, tx: psycopg.Connection[Any], clock: Callable[[], datetime] = now) -> None:
+    def __init__(
+        self,
+        tx: psycopg.Connection[Any],
+        clock: Callable[[], datetime] = now,
+        *,
+        guarded: bool = True,
+    ) -> None:
         self.tx = tx
         self.clock = clock
+        self.guarded = guarded
         self._opened = False
 
     def run(self, action: LocalAction, data: BaseModel, *, compensation: bool) -> LocalOutcome:
-        if not self._opened:
-            self.tx.execute("SAVEPOINT saga_transition", prepare=False)
-            self._opened = True
         started = self.clock()
-        self.tx.execute("SAVEPOINT saga_local_step", prepare=False)
+        if not self.guarded:
+            try:
+                result = self._call(action, data, compensation)
+            except Exception as exc:
+                raise NeedsSavepoint(f"local step failed: {exc!r}") from exc
+            return LocalOutcome(result, None, started, self.clock())
+        savepoint = "saga_local_step" if self._opened else "saga_transition"
+        self._opened = True
+        self.tx.execute(f"SAVEPOINT {savepoint}", prepare=False)
         try:
-            if compensation:
-                fault_point("orchestrator.in_compensation")
-            result = action(self.tx, data)
+            result = self._call(action, data, compensation)
         except Exception as exc:
             if not self.tx.broken:
-                self.tx.execute("ROLLBACK TO SAVEPOINT saga_local_step", prepare=False)
+                self.tx.execute(f"ROLLBACK TO SAVEPOINT {savepoint}", prepare=False)
             if isinstance(exc, StepFailed) or compensation:
                 return LocalOutcome(None, exc, started, self.clock())
             raise
         return LocalOutcome(result, None, started, self.clock())
+
+    def _call(self, action: LocalAction, data: BaseModel, compensation: bool) -> Any:
+        if compensation:
+            fault_point("orchestrator.in_compensation")
+        return action(self.tx, data)
 
     def undo(self) -> None:
         """The transition failed: roll its local steps' writes back."""

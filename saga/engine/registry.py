@@ -16,7 +16,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from saga.engine import signals
+from saga.engine import fingerprints, signals
 from saga.engine.batch import SagaBatch, SagaBatches
 from saga.engine.definition import RemoteStep, Saga, WaitStep
 from saga.engine.home import SagaHome
@@ -243,7 +243,8 @@ class SagaRegistry:
         return record, event, payload.model_dump(mode="json")
 
     def check_versions(self, conn: psycopg.Connection[Any]) -> None:
-        """Refuse to run without the definitions that unfinished sagas still need."""
+        """Refuse to run without the definitions that unfinished sagas still need: every
+        version they run on registered, as it was when they started (its recorded shape)."""
         unfinished = self.orchestrator.store.unfinished_by_version(conn, list(self._sagas))
         problems = [
             f"saga {name!r} version {version} has {count} unfinished saga(s) but is not "
@@ -252,8 +253,36 @@ class SagaRegistry:
             for name, version, count in unfinished
             if version not in self._sagas[name]
         ]
+        running = {(name, version): count for name, version, count in unfinished}
+        problems += self._changed_definitions(conn, running)
         if problems:
             raise ConfigurationError("; ".join(problems))
+
+    def _changed_definitions(
+        self, conn: psycopg.Connection[Any], running: dict[tuple[str, int], int]
+    ) -> list[str]:
+        """Record each version's shape; what changed under a version with unfinished sagas."""
+        store = self.orchestrator.store
+        recorded = store.recorded_definitions(conn, list(self._sagas))
+        problems = []
+        for saga in self.sagas:
+            steps = fingerprints.shape(saga)
+            before = recorded.get((saga.name, saga.version))
+            count = running.get((saga.name, saga.version), 0)
+            if before is not None and before != steps and count:
+                problems.append(
+                    f"saga {saga.name!r} version {saga.version} changed without a version bump "
+                    f"while {count} saga(s) of it are unfinished: "
+                    f"{fingerprints.describe_change(before, steps)}. Give the changed "
+                    f"definition version {saga.version + 1} and keep version {saga.version} "
+                    "registered as it was until they finish (or move them: saga "
+                    "migrate-instances)"
+                )
+            elif before != steps:
+                store.record_definition(
+                    conn, saga.name, saga.version, fingerprints.fingerprint(steps), steps
+                )
+        return problems
 
     def migrate_instances(
         self,
@@ -324,6 +353,7 @@ class SagaRegistry:
                 service.add_subscription(event_class, self._on_event)
             service.on_connect(self.check_versions)
             service.batch_writing = SagaBatches(self.home)
+            service.schema = self.schema
             self._service = service
         return self._service
 
@@ -348,7 +378,7 @@ class SagaRegistry:
 
     def _on_event(self, tx: psycopg.Connection[Any], event: BaseModel, ctx: HandlerContext) -> None:
         waits = self._events[ctx.envelope.type][1]
-        self.orchestrator.on_event(tx, event, ctx.envelope, waits, ctx.metrics, _batch(ctx))
+        self.orchestrator.events.on_event(tx, event, ctx.envelope, waits, ctx.metrics, _batch(ctx))
 
     def _on_wait_timeout(
         self, tx: psycopg.Connection[Any], timeout: WaitTimeout, ctx: HandlerContext

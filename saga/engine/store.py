@@ -100,12 +100,24 @@ WHERE name = ANY(%s) AND finished_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2
 """
 
 _VERSIONS = """
-SELECT name, saga_version,
+SELECT i.name, i.saga_version,
        count(*) FILTER (WHERE status IN ('running', 'compensating') AND waiting_for IS NULL),
        count(*) FILTER (WHERE waiting_for IS NOT NULL),
        count(*) FILTER (WHERE status IN ('compensation_failed', 'forward_failed')),
-       count(*) FILTER (WHERE status IN ('completed', 'compensated'))
-FROM {schema}.saga_instances GROUP BY 1, 2 ORDER BY 1, 2
+       count(*) FILTER (WHERE status IN ('completed', 'compensated')),
+       d.fingerprint
+FROM {schema}.saga_instances i
+LEFT JOIN {schema}.saga_definitions d ON d.name = i.name AND d.version = i.saga_version
+GROUP BY 1, 2, d.fingerprint ORDER BY 1, 2
+"""
+
+_DEFINITIONS = "SELECT name, version, steps FROM {schema}.saga_definitions WHERE name = ANY(%s)"
+
+_RECORD_DEFINITION = """
+INSERT INTO {schema}.saga_definitions (name, version, fingerprint, steps) VALUES (%s, %s, %s, %s)
+ON CONFLICT (name, version) DO UPDATE
+SET fingerprint = EXCLUDED.fingerprint, steps = EXCLUDED.steps, recorded_at = now()
+WHERE saga_definitions.fingerprint <> EXCLUDED.fingerprint
 """
 
 _MIGRATION_PLAN = """
@@ -229,6 +241,8 @@ class SagaStore:
         self._request_cancel = render(_REQUEST_CANCEL, schema)
         self._unfinished_by_version = render(_UNFINISHED_BY_VERSION, schema)
         self._versions = render(_VERSIONS, schema)
+        self._definitions = render(_DEFINITIONS, schema)
+        self._record_definition = render(_RECORD_DEFINITION, schema)
         self._migration_plan = render(_MIGRATION_PLAN, schema)
         self._migrate_batch = render(_MIGRATE_BATCH, schema)
         self._list = render(LIST_SAGAS, schema)
@@ -297,8 +311,26 @@ class SagaStore:
         return conn.execute(self._unfinished_by_version, (names,)).fetchall()
 
     def versions(self, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-        """(name, version, running, waiting, needing an operator, finished) per version."""
+        """(name, version, running, waiting, needing an operator, finished, the recorded
+        definition's fingerprint) per version."""
         return conn.execute(self._versions).fetchall()
+
+    def recorded_definitions(
+        self, conn: psycopg.Connection[Any], names: list[str]
+    ) -> dict[tuple[str, int], list[dict[str, Any]]]:
+        """(name, version) -> the recorded shape of each version of the sagas ``names``."""
+        return {(n, v): steps for n, v, steps in conn.execute(self._definitions, (names,))}
+
+    def record_definition(
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        version: int,
+        fingerprint: str,
+        steps: list[dict[str, Any]],
+    ) -> None:
+        """Record (or replace) the shape of saga ``name`` at ``version``."""
+        conn.execute(self._record_definition, (name, version, fingerprint, Jsonb(steps)))
 
     def migration_plan(
         self, conn: psycopg.Connection[Any], name: str, from_version: int, guard: str

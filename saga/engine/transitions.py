@@ -589,8 +589,8 @@ class Transition:
         )
 
     def result(self) -> TransitionResult:
-        """What this transition decided (the data checked against the saga's size cap)."""
-        self.saga.check_data_size(self.data)
+        """What this transition decided (its data checked: storable, within the cap)."""
+        self.saga.check_data(self.data)
         self.record.data = self.data.model_dump(mode="json")
         self.record.pivot_reached = self._pivot_reached()
         status = self.record.status

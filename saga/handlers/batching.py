@@ -8,6 +8,13 @@ so the batch costs a constant number of statements however many deliveries it
 holds. A handler of such a service guards its own direct writes (the runtime
 opens no savepoint for it), and a conflict found at the flush sends the batch
 back to be handled one delivery per transaction, where no scope is used.
+
+The runtime handles deliveries in segments that share one savepoint (see
+:mod:`saga.consumers.processing`): ``guarded`` says whether the delivery being
+handled has a savepoint of its own. Without one, a handler that would undo part
+of its own writes raises :class:`~saga.errors.NeedsSavepoint` instead; the
+runtime then rolls the segment back (and the scope to its :meth:`mark`) and
+handles the delivery again, guarded.
 """
 
 from __future__ import annotations
@@ -21,6 +28,17 @@ from saga.messaging.envelope import Envelope
 
 class BatchScope(Protocol):
     """What a service staged for one batch, written by :meth:`flush`."""
+
+    #: Whether the delivery being handled has a savepoint of its own (set by the runtime).
+    guarded: bool
+
+    def mark(self) -> object:
+        """The staged state now, for :meth:`restore`."""
+        ...
+
+    def restore(self, mark: object) -> None:
+        """Drop what was staged since :meth:`mark` returned ``mark``."""
+        ...
 
     def flush(self, tx: Tx) -> None:
         """Write everything staged, in ``tx`` (raises ``ConcurrentUpdate`` on a lost race)."""

@@ -9,8 +9,9 @@ header: it is ours, not the broker's.
 
 Errors that no retry can mend (:data:`DETERMINISTIC_ERRORS`: data PostgreSQL
 refuses, such as a NUL character in a text field, SQL errors, the framework's
-configuration errors such as a reply without ``reply_to``) become dead letters
-at once. Set ``deterministic=()`` to retry them like any other failure.
+configuration errors such as a reply without ``reply_to``, a message sent over
+the size cap, saga data that cannot be stored) become dead letters at once.
+Set ``deterministic=()`` to retry them like any other failure.
 """
 
 from __future__ import annotations
@@ -29,13 +30,21 @@ from tenacity import (
     wait_random,
 )
 
-from saga.errors import BatchConflict, ConfigurationError, StepFailed
+from saga.errors import (
+    BatchConflict,
+    ConfigurationError,
+    MessageTooLarge,
+    SagaDataRefused,
+    StepFailed,
+)
 
 #: Failures that fail the same way on every try: dead-lettered without a retry by default.
 DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.DataError,
     psycopg.ProgrammingError,
     ConfigurationError,
+    MessageTooLarge,  # a message the handler sends is over the cap
+    SagaDataRefused,  # a reply or event that makes saga data unstorable
 )
 
 

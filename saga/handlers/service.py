@@ -61,6 +61,9 @@ class Service:
         self.connect_hooks: list[Callable[[psycopg.Connection[Any]], None]] = []
         #: Set by a service that stages a batch's writes and writes them at once.
         self.batch_writing: BatchWriting | None = None
+        #: The framework schema the handlers write to themselves (a saga registry's), if
+        #: any: the consumer running them must use the same one.
+        self.schema: str | None = None
 
     def __repr__(self) -> str:
         events = f", subscriptions={self.subscriptions}" if self._subscribed else ""

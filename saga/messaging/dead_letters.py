@@ -52,7 +52,7 @@ SELECT consumer, reason, error_type, letters, oldest, newest FROM {schema}.dead_
 ORDER BY letters DESC, consumer, reason, error_type
 """
 
-_LOCK = "SELECT id FROM {schema}.dead_letters WHERE id = ANY(%s) FOR UPDATE"
+_LOCK = "SELECT id, status, replay_count FROM {schema}.dead_letters WHERE id = ANY(%s) FOR UPDATE"
 
 _MARK_REPLAYED = """
 UPDATE {schema}.dead_letters
@@ -219,9 +219,11 @@ class DeadLetterStore:
         found = self.find(conn, DeadLetterFilter(ids=[letter_id], status=None, limit=1))
         return found[0] if found else None
 
-    def lock(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
-        """Lock rows for the rest of the transaction (two replays of one row serialize)."""
-        conn.execute(self._lock, (list(ids),))
+    def lock(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> dict[int, tuple[str, int]]:
+        """Lock rows for the rest of the transaction (two replays of one row serialize);
+        each row's status and replay count once locked, which another operator may have
+        changed since the rows were read."""
+        return {row[0]: (row[1], row[2]) for row in conn.execute(self._lock, (list(ids),))}
 
     def mark_replayed(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
         if ids:

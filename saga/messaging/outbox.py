@@ -24,7 +24,7 @@ import psycopg
 from pydantic import BaseModel
 
 from saga.db.sql import render, validate_name, validate_schema
-from saga.errors import MessageTooLarge
+from saga.errors import ConfigurationError, MessageTooLarge
 from saga.messaging.envelope import Envelope
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
@@ -309,6 +309,12 @@ class Outbox:
         if len(body) > self.max_message_bytes:
             raise MessageTooLarge(len(body), self.max_message_bytes, message.envelope.type)
         at = message.deliver_after if isinstance(message.deliver_after, datetime) else None
+        if at is not None and at.utcoffset() is None:
+            raise ConfigurationError(
+                f"deliver_after {at.isoformat()} has no time zone: pass an aware datetime "
+                "(an instant, read on the database's clock) or a timedelta (a delay from the "
+                "transaction's start)"
+            )
         delay = message.deliver_after if isinstance(message.deliver_after, timedelta) else None
         return (
             message.envelope.message_id,

@@ -98,7 +98,8 @@ def replay(
 ) -> ReplayResult:
     """Send ``letters`` again, one transaction per batch; every batch is recorded.
 
-    Superseded letters are refused unless ``force``.
+    Superseded letters are refused unless ``force``, and so are letters someone else
+    replayed or purged after they were read (each batch locks its letters first).
     """
     store = DeadLetterStore(schema)
     outbox = Outbox(schema)
@@ -107,9 +108,10 @@ def replay(
         batch = letters[start : start + batch_size]
         ids = [letter.id for letter in batch]
         with conn.transaction():
-            store.lock(conn, ids)
+            now = store.lock(conn, ids)
             outgoing, sent = [], []
             refused = {} if force else superseded(conn, batch, schema=schema)
+            refused.update(_acted_on_meanwhile(batch, now))
             for letter in batch:
                 if letter.id in refused:
                     continue
@@ -129,6 +131,22 @@ def replay(
         if on_progress:
             on_progress(len(batch))
     return result
+
+
+def _acted_on_meanwhile(
+    letters: Sequence[DeadLetterRow], now: dict[int, tuple[str, int]]
+) -> dict[int, str]:
+    """Letters another operator replayed or purged between this replay's read and its lock
+    (two operators at the same moment): sent once, by the first."""
+    changed = {}
+    for letter in letters:
+        status, count = now.get(letter.id, ("deleted", letter.replay_count))
+        if (status, count) != (letter.status, letter.replay_count):
+            changed[letter.id] = (
+                f"{status} by someone else meanwhile (replayed {count} time(s) now); "
+                "replay it again to send it once more"
+            )
+    return changed
 
 
 def purge(
@@ -151,12 +169,12 @@ def purge(
     for start in range(0, len(letters), batch_size):
         batch = letters[start : start + batch_size]
         with conn.transaction():
-            store.lock(conn, [letter.id for letter in batch])
+            now = store.lock(conn, [letter.id for letter in batch])
             moved_on = superseded(conn, batch, schema=schema)
             answers = [
                 answer
                 for letter in batch
-                if letter.status == "pending" and letter.id not in moved_on
+                if now.get(letter.id, ("gone",))[0] == "pending" and letter.id not in moved_on
                 if (answer := _purged_answer(letter)) is not None
             ]
             outbox.add_many(conn, answers)

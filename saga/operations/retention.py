@@ -82,6 +82,26 @@ DELETE FROM {schema}.early_events WHERE ctid = ANY(ARRAY(
 ))
 """
 
+#: What pruning needs on each table (``FOR UPDATE`` on the sagas takes UPDATE).
+_PRIVILEGES = (
+    ("inbox", "DELETE"),
+    ("inbox_replies", "DELETE"),
+    ("closed_steps", "DELETE"),
+    ("saga_instances", "UPDATE"),
+    ("saga_instances", "DELETE"),
+    ("saga_steps", "DELETE"),
+    ("dead_letters", "DELETE"),
+    ("dead_letter_replays", "DELETE"),
+    ("claim_checks", "DELETE"),
+    ("early_events", "DELETE"),
+)
+
+_MISSING_PRIVILEGES = """
+SELECT privilege || ' on ' || name
+FROM unnest(%s::text[], %s::text[]) AS needed (name, privilege)
+WHERE NOT has_table_privilege(name, privilege)
+"""
+
 _COUNTS = {
     "inbox": "SELECT count(*) FROM {schema}.inbox WHERE received_at < now() - %s::interval",
     "inbox_replies": "SELECT count(*) FROM {schema}.inbox_replies "
@@ -142,6 +162,7 @@ class Pruner:
     """Runs the retention policy against one schema."""
 
     def __init__(self, schema: str, policy: RetentionPolicy | None = None) -> None:
+        self.schema = schema
         self.policy = policy or RetentionPolicy()
         p = self.policy
         self._jobs: list[tuple[str, str, timedelta]] = [
@@ -155,6 +176,13 @@ class Pruner:
             ("early_events", render(_EARLY_EVENTS, schema), p.early_event_retention),
         ]
         self._counts = {k: (render(_COUNTS[k], schema), age) for k, _, age in self._jobs}
+
+    def missing_privileges(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """What this session's role lacks to prune (e.g. ``DELETE on saga.inbox``)."""
+        names = [f"{self.schema}.{table}" for table, _ in _PRIVILEGES]
+        privileges = [privilege for _, privilege in _PRIVILEGES]
+        rows = conn.execute(_MISSING_PRIVILEGES, (names, privileges)).fetchall()
+        return [row[0] for row in rows]
 
     def count(self, conn: psycopg.Connection[Any]) -> PruneReport:
         """What :meth:`prune` would delete now (a dry run)."""

@@ -10,8 +10,9 @@ Three group roles (NOLOGIN; grant them to your login roles):
   the replies kept with it,
   outbox (a consumer publishes the rows it wrote right after committing, as a
   relay would), dead letters (insert), sagas, step log, claim checks,
-  guarded side effects, closed steps, the subscriptions it declares and the events
-  kept for its sagas. Grant it your own business tables as well.
+  guarded side effects, closed steps, the saga definitions its registry records at
+  start-up, the subscriptions it declares and the events kept for its sagas. Grant it
+  your own business tables as well.
 - ``<prefix>_operator``: reads everything; replays and purges dead letters,
   resumes, cancels and signals sagas, prunes past retention.
 """
@@ -35,6 +36,7 @@ _TABLES = (
     "closed_steps",
     "schema_migrations",
     "dashboard_actions",
+    "saga_definitions",
     "subscriptions",
     "events_unrouted",
     "early_events",
@@ -64,6 +66,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("SELECT, INSERT, UPDATE", "side_effects", service),
         ("SELECT, INSERT", "closed_steps", service),
         ("SELECT", "schema_migrations", service),
+        ("SELECT, INSERT, UPDATE", "saga_definitions", service),  # recorded at start-up
         ("SELECT, INSERT, UPDATE, DELETE", "subscriptions", service),
         ("SELECT, INSERT, UPDATE", "events_unrouted", service),
         ("SELECT, INSERT, DELETE", "early_events", service),

@@ -3,11 +3,15 @@
 Every process of the example runs with the point armed (``SAGA_FAULTS=point@2``);
 whichever reaches it a second time kills itself with SIGKILL, the supervisor
 starts it again without the fault, and the checker must find nothing lost,
-nothing applied twice, every saga finished in order.
+nothing applied twice, every saga finished in order. Every restart must answer
+a fault that fired: a process that died of anything else (a real bug, crash
+looping under the supervisor) fails the test.
 """
 
 from __future__ import annotations
 
+import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -41,10 +45,22 @@ def test_recovery_after_a_crash_at(point: str, order_system: Cluster, tmp_path: 
         codes = supervisor.stop()
     assert set(gateway_calls.values()) == {1}, gateway_calls  # no card charged twice
     assert supervisor.fired()[point] >= 1, f"{point} never fired"
-    assert supervisor.restarts, "nothing was restarted"
+    assert set(supervisor.fired()) == {point}, supervisor.fired()
+    # Each restart answers one firing of the point; a process still armed that reached it
+    # again while stopping (-9) fired once more, with no restart to answer it.
+    answered = Counter(
+        {
+            name: points.total() - (codes[name] == -signal.SIGKILL)
+            for name, points in supervisor.fired_by_process().items()
+        }
+    )
+    assert min(answered.values()) >= 0, (answered, codes)
+    assert supervisor.restarts == answered, (supervisor.deaths, answered)
+    assert all(code == -signal.SIGKILL for _, code in supervisor.deaths), supervisor.deaths
     assert counts.get("completed", 0) + counts.get("compensated", 0) == ORDERS, counts
     report = check(order_system)
     assert report.ok, report.violations
     # 0: stopped gracefully; -9: a process still armed reached the point again while
-    # stopping; -15: a process restarted a moment ago, stopped before it set up its handlers
+    # stopping (counted above); -15: a process restarted a moment ago, stopped before it
+    # set up its handlers
     assert set(codes.values()) <= {0, -9, -15}, codes

@@ -19,6 +19,12 @@ def _env(**extra: str) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", ""), **extra}
 
 
+def _printed(process: SagaProcess) -> str:
+    """What the process printed, with the console's line wrapping undone (a long URL may be
+    folded across lines, which would hide a password from a plain search)."""
+    return process.output().replace("\n", "")
+
+
 def test_unreachable_servers_never_print_the_password(tmp_path: Path) -> None:
     env = _env(
         SAGA_DATABASE_URL=f"postgresql://app:{SENTINEL}@127.0.0.1:1/orders",
@@ -31,27 +37,39 @@ def test_unreachable_servers_never_print_the_password(tmp_path: Path) -> None:
         relay.proc.send_signal(signal.SIGTERM)
         relay.wait(30)
         assert "127.0.0.1" in relay.output()
-        assert SENTINEL not in relay.output()
+        assert SENTINEL not in _printed(relay)
     migrate = subprocess.run(
         [SAGA, "db", "migrate"], cwd=REPO, env=env, capture_output=True, text=True, check=False
     )
     assert migrate.returncode == 1 and "cannot connect" in migrate.stderr
-    assert SENTINEL not in migrate.stdout + migrate.stderr
+    assert SENTINEL not in (migrate.stdout + migrate.stderr).replace("\n", "")
 
 
 def test_a_working_password_is_masked_in_what_processes_print(
-    db: TestDatabase, tmp_path: Path
+    db: TestDatabase, amqp_url: str, tmp_path: Path
 ) -> None:
+    """Processes that connect with the password print their database URL, masked."""
     url = with_credentials(db.url, password=SENTINEL)  # trust auth ignores it
     assert urlsplit(url).password == SENTINEL  # planted, whatever the shape of db.url
+    masked = f"{urlsplit(url).username}:***@"
     env = _env(SAGA_DATABASE_URL=url, SAGA_BROKER_URL=f"amqp://guest:{SENTINEL}@127.0.0.1:1//")
     consumer = SagaProcess(["consume", "tests.support.services:service"], env, tmp_path, "c")
     wait_until(lambda: "Retrying" in consumer.output(), timeout=30, what="broker retry logged")
     consumer.proc.send_signal(signal.SIGTERM)
     consumer.wait(30)
     assert "Connection refused" in consumer.output()
-    assert SENTINEL not in consumer.output()
+    assert SENTINEL not in _printed(consumer)
+    assert masked in _printed(consumer)  # it did print the URL it connected with
+    for fmt in ("text", "json"):  # connected to both: the relay logs what it connected to
+        relay = SagaProcess(
+            ["relay", "--log-format", fmt], {**env, "SAGA_BROKER_URL": amqp_url}, tmp_path, fmt
+        )
+        wait_until(lambda r=relay: "relay connected" in r.output(), timeout=30, what="connected")
+        assert relay.terminate(30) == 0, relay.output()
+        assert SENTINEL not in _printed(relay)
+        assert _printed(relay).count(masked) >= 2, relay.output()  # started, and connected
     shown = subprocess.run(
         [SAGA, "list"], cwd=REPO, env=env, capture_output=True, text=True, check=False
     )
-    assert shown.returncode == 0 and SENTINEL not in shown.stdout + shown.stderr
+    assert shown.returncode == 0
+    assert SENTINEL not in (shown.stdout + shown.stderr).replace("\n", "")

@@ -129,10 +129,24 @@ def test_a_batch_of_replies_costs_fewer_statements_than_deliveries(db: TestDatab
 
     assert outcomes == [Outcome.HANDLED] * 12
     assert set(_statuses(db).values()) == {("running", "approve")}
-    # lock timeout, inbox, read the sagas, write them, their log, their timeout timers
-    assert statements == 6
+    # lock timeout, inbox, read the sagas, the segment's savepoint, write the sagas, their
+    # log, their timeout timers
+    assert statements == 7
     assert db.scalar("SELECT count(*) FROM saga.saga_steps WHERE outcome = 'skipped'") == 12
     assert len(_outbox(db, "orders")) == 12  # each wait's timeout, in one insert
+
+
+def test_local_steps_in_a_batch_share_their_segment_s_savepoint(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+    replies = _replies_for(db, [Order(order_id=f"o{i}") for i in range(12)])
+
+    outcomes, statements = _handle(db, replies)
+
+    assert outcomes == [Outcome.HANDLED] * 12
+    assert set(_statuses(db).values()) == {("running", "approve")}
+    # the seven of a batch, then each saga's local step: its insert alone
+    assert statements == 7 + 12
+    assert db.scalar("SELECT count(*) FROM public.effects WHERE kind = 'record'") == 12
 
 
 def test_one_delivery_alone_is_written_directly(db: TestDatabase) -> None:

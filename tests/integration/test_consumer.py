@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pickle
 import time
 from pathlib import Path
@@ -179,19 +178,6 @@ def test_crash_between_publish_and_delete_delivers_twice_and_applies_once(
         wait_until(lambda: sum(runner.counts.values()) == 2, what="both copies handled")
         assert (runner.counts[Outcome.HANDLED], runner.counts[Outcome.DUPLICATE]) == (1, 1)
     assert _effects(db, "ping", "dup") == 1
-
-
-def test_consumer_exits_zero_on_sigterm(
-    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
-) -> None:
-    _setup(db)
-    env = saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix)
-    rabbit.use(service.name)
-    proc = SagaProcess(["consume", "tests.support.services:service"], env, tmp_path, "c")
-    rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="s")).to_bytes(), JSON)
-    wait_until(lambda: _effects(db, "ping", "s") == 1, what="handled")
-    assert proc.terminate() == 0, proc.output()
-    assert json.dumps("SIGTERM")[1:-1] in proc.output()
 
 
 def test_consumer_reconnects_after_losing_its_database_connection(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -38,11 +39,17 @@ def test_tokens_grow_and_the_lock_excludes(redis_url: str) -> None:
 
 def test_the_lease_is_renewed_while_held(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
-    lock = FencedLock(client, _name(), lease=0.5)
+    lock = FencedLock(client, _name(), lease=1.5)  # renewed every 0.5 s
     lock.acquire()
-    ttl_seen = []
-    wait_until(lambda: ttl_seen.append(client.pttl(lock.key)) or len(ttl_seen) > 60, timeout=5)
-    assert min(ttl_seen) > 0  # never expired over ~1.2 s, more than two leases
+    ttl_seen: list[int] = []
+
+    def renewed_four_times() -> bool:
+        ttl_seen.append(client.pttl(lock.key))
+        assert ttl_seen[-1] > 0, ttl_seen  # it never expired in between
+        return sum(later > earlier for earlier, later in itertools.pairwise(ttl_seen)) >= 4
+
+    wait_until(renewed_four_times, timeout=60, what="four renewals (more than one lease)")
+    lock.check()  # and the holder still believes it holds it
     lock.release()
     assert client.exists(lock.key) == 0
 
@@ -95,7 +102,7 @@ def test_losing_redis_while_holding_is_surfaced(tmp_path) -> None:  # type: igno
         proc.terminate()
         proc.wait(10)
         with pytest.raises(LockLost, match="renewal failed"):
-            wait_until(lambda: lock.check() or False, timeout=5, what="loss noticed")
+            wait_until(lambda: lock.check() or False, timeout=30, what="loss noticed")
     finally:
         if proc.poll() is None:
             proc.kill()

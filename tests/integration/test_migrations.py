@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from saga.db.schema import _LOCK as MIGRATION_LOCK
 from saga.db.schema import available_migrations, declared_schema_sql, migrate, status
 from saga.errors import InvalidIdentifier
+from saga.examples.order_saga.processes import SagaProcess
 from tests.support.databases import TestDatabase
+from tests.support.wait import wait_until
 
 
 def test_migrate_is_idempotent_and_reports_status(empty_db: TestDatabase) -> None:
@@ -44,6 +48,29 @@ def test_concurrent_migrations_apply_once(empty_db: TestDatabase) -> None:
         t.join(60)
     assert errors == []
     assert sorted(applied) == [0, 0, 0, len(available_migrations())]
+
+
+def test_concurrent_migrations_from_separate_processes_apply_once(
+    empty_db: TestDatabase, tmp_path: Path
+) -> None:
+    """Four ``saga db migrate`` processes queue behind a lock the test holds, then go at once."""
+    schema = "saga_processes"
+    env = {"SAGA_DATABASE_URL": empty_db.url}
+    with empty_db.connect(autocommit=False) as gate, gate.transaction():
+        gate.execute(MIGRATION_LOCK, (f"saga.migrate.{schema}",))
+        processes = [
+            SagaProcess(["db", "migrate", "--schema", schema], env, tmp_path, f"migrate-{i}")
+            for i in range(4)
+        ]
+        wait_until(lambda: empty_db.waiting_on_locks() == 4, what="four processes waiting")
+    codes = [process.wait(60) for process in processes]
+    outputs = [process.output() for process in processes]
+    assert codes == [0, 0, 0, 0], outputs
+    applied = f"({len(available_migrations())} applied)"
+    assert sorted(applied in out for out in outputs) == [False, False, False, True], outputs
+    assert sum("nothing to apply" in out for out in outputs) == 3
+    with empty_db.connect(autocommit=False) as conn:
+        assert all(s.applied and s.checksum_matches for s in status(conn, schema))
 
 
 @pytest.mark.parametrize("name", ["Bad", "1abc", "drop table x;--", "a" * 64, ""])

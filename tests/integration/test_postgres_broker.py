@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -49,6 +48,17 @@ def _rows(broker: TestBroker, destination: str) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+def _lease_left(broker: TestBroker, destination: str) -> list[float]:
+    """Seconds until each message of the queue is visible again, by the database's clock."""
+    with psycopg.connect(broker.url) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM visible_at - now()) FROM saga_broker.messages "
+            "WHERE queue = %s ORDER BY id",
+            (broker.topology.queue_name(destination),),
+        ).fetchall()
+    return [float(row[0]) for row in rows]
+
+
 def _effects(db: TestDatabase, key: str) -> int:
     return int(db.scalar("SELECT count(*) FROM effects WHERE key = %s", (key,)))
 
@@ -66,16 +76,16 @@ def test_a_consumer_killed_after_its_commit_loses_nothing_and_applies_nothing_tw
     args = ["consume", "tests.support.services:service"]
     doomed = SagaProcess(args, {**env, "SAGA_FAULTS": "consumer.after_commit"}, tmp_path, "c1")
     assert doomed.wait(60) == -9, doomed.output()
-    killed_at = time.monotonic()
     assert _effects(db, "crash") == 1
-    ((_, token, attempts, in_flight),) = _rows(pg_broker, service.name)
-    assert token is not None and attempts == 1 and in_flight  # held by the dead consumer
+    ((_, token, attempts, _),) = _rows(pg_broker, service.name)
+    assert token is not None and attempts == 1  # taken by the dead consumer, never acked
+    (left,) = _lease_left(pg_broker, service.name)
+    assert left <= LEASE  # back when the dead consumer's lease ends (not a default's)
     survivor = SagaProcess(args, env, tmp_path, "c2")
     try:
-        wait_until(lambda: not _rows(pg_broker, service.name), 15, what="the redelivery acked")
+        wait_until(lambda: not _rows(pg_broker, service.name), 60, what="the redelivery acked")
     finally:
         assert survivor.terminate() == 0, survivor.output()
-    assert time.monotonic() - killed_at < LEASE + 5  # within the lease (plus start-up)
     assert _effects(db, "crash") == 1
 
 
@@ -116,9 +126,9 @@ def test_messages_taken_without_ack_by_a_killed_consumer_come_back_within_the_le
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
-    killed_at = time.monotonic()
     dead = _rows(pg_broker, "svc")
-    assert [(r[2], r[3]) for r in dead] == [(1, True), (1, True)]
+    assert [r[2] for r in dead] == [1, 1] and all(r[1] is not None for r in dead)
+    assert all(left <= LEASE for left in _lease_left(pg_broker, "svc"))  # the holder's lease
     received: list[Any] = []
 
     def on_message(body: Any, message: Message) -> None:
@@ -134,8 +144,7 @@ def test_messages_taken_without_ack_by_a_killed_consumer_come_back_within_the_le
                 conn.drain_events(timeout=0.2)
             return len(received) == 2
 
-        wait_until(delivered, LEASE + 3, what="both messages back after the lease")
-        assert time.monotonic() - killed_at <= LEASE + 1
+        wait_until(delivered, 60, what="both messages back after the lease")
         # The dead consumer's token fences it off: it cannot delete what the survivor holds.
         with psycopg.connect(pg_broker.url, autocommit=True) as db:
             stale = db.execute(
@@ -152,15 +161,15 @@ def test_a_consumer_that_holds_a_batch_past_its_lease_keeps_it_by_renewing(
 ) -> None:
     pg_broker.publish_many("svc", [b'{"n": 1}'])
     queue = pg_broker.topology.queue("svc")
-    config = replace(pg_broker.config, lease=0.6)
+    config = replace(pg_broker.config, lease=LEASE)  # renewed every third of it
     held: list[Message] = []
     with config.connect() as holder, config.connect() as other:
         Consumer(holder.channel(), queues=[queue], on_message=held.append, accept=[JSON]).consume()
         wait_until(lambda: _drain(holder) or held, what="the message taken")
         ((_, token, _, _),) = _rows(pg_broker, "svc")
         first_deadline = _visible_at(pg_broker)
-        wait_until(
-            lambda: _visible_at(pg_broker) > first_deadline + timedelta(seconds=0.6),
+        wait_until(  # a renewal made after the first lease had run out
+            lambda: _visible_at(pg_broker) > first_deadline + timedelta(seconds=LEASE),
             what="the lease renewed past its first end",
         )
         thief: list[Message] = []

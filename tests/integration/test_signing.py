@@ -10,6 +10,7 @@ from saga import Outbox
 from saga.consumers import Outcome
 from saga.errors import ConfigurationError, SignatureRejected
 from saga.messaging.envelope import Envelope
+from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES
 from saga.messaging.signing import KEY_HEADER, SIGNATURE_HEADER, KeyRing
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
@@ -66,26 +67,49 @@ def signed(db: TestDatabase, rabbit: TestBroker) -> Iterator[None]:
 def test_signed_messages_flow_and_forged_ones_are_rejected_before_decoding(
     db: TestDatabase, rabbit: TestBroker, signed: None
 ) -> None:
+    """Each forgery is refused for its signature (or its size) with the envelope unread.
+
+    A consumer that parsed first would name the bytes instead (``UndecodableBody``
+    for garbage and truncated JSON, ``InvalidPayload`` for JSON that is no envelope),
+    and would know the message id of a valid envelope it then refused.
+    """
     with db.connect(autocommit=False) as conn, conn.transaction():
         Outbox().add(conn, Ping(key="signed"), destination=service.name)
     wait_until(lambda: db.scalar("SELECT count(*) FROM effects") == 1, what="signed message")
     body = Envelope.wrap(Ping(key="forged")).to_bytes()
-    rabbit.publish_raw(service.name, body, "application/json")  # unsigned
-    retired = KeyRing((RETIRED,)).sign(body)
-    rabbit.publish_raw(service.name, body, "application/json", headers=retired)
-    good = KeyRing((NEW,)).sign(body)
-    tampered = body.replace(b"forged", b"f0rged")
-    rabbit.publish_raw(service.name, tampered, "application/json", headers=good)
-    wait_until(
-        lambda: db.scalar("SELECT count(*) FROM saga.dead_letters") == 3, what="three rejected"
-    )
-    letters = db.rows("SELECT reason, error_type FROM saga.dead_letters ORDER BY id")
-    assert letters == [
-        ("rejected", "MissingSignature"),
-        ("rejected", "UnknownSigningKey"),
-        ("rejected", "BadSignature"),
+    good = KeyRing((NEW,)).sign
+    forgeries: list[tuple[bytes, dict[str, str], str]] = [
+        (body, {}, "MissingSignature"),
+        (body, KeyRing((RETIRED,)).sign(body), "UnknownSigningKey"),
+        (body.replace(b"forged", b"f0rged"), good(body), "BadSignature"),
+        (b"\x00\xff\xfe not even text", {}, "MissingSignature"),
+        (
+            body[: len(body) // 2],
+            KeyRing((RETIRED,)).sign(body[: len(body) // 2]),
+            "UnknownSigningKey",
+        ),
+        (b'{"hello": "world"}', good(b'{"hello": "there"}'), "BadSignature"),
+        (b"[" * 100_000 + b"]" * 100_000, good(b"[]"), "BadSignature"),  # parsing it would nest
+        (b"x" * (2 * DEFAULT_MAX_MESSAGE_BYTES), good(body), "MessageTooLarge"),
     ]
-    assert db.scalar("SELECT count(*) FROM effects") == 1  # no handler ran for them
+    for forged, headers, _ in forgeries:
+        rabbit.publish_raw(service.name, forged, "application/json", headers=headers)
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        Outbox().add(conn, Ping(key="after"), destination=service.name)
+    wait_until(
+        lambda: db.scalar("SELECT count(*) FROM effects WHERE key = 'after'") == 1,
+        what="a signed message behind the forgeries",
+    )
+    letters = db.rows(
+        "SELECT reason, error_type, message_id, message_type, body FROM saga.dead_letters "
+        "ORDER BY id"
+    )
+    assert [(reason, error) for reason, error, *_ in letters] == [
+        ("rejected", expected) for _, _, expected in forgeries
+    ]
+    assert all(mid is None and mtype is None for _, _, mid, mtype, _ in letters)  # unread
+    assert [bytes(letter[4]) for letter in letters] == [forged for forged, _, _ in forgeries]
+    assert db.scalar("SELECT count(*) FROM effects") == 2  # no handler ran for a forgery
     assert SIGNATURE_HEADER == "signature"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from kombu import Connection, Consumer, Producer
 
 from saga.broker.transport import BrokerConfig, Topology
+from tests.support.wait import wait_until
 
 
 @dataclass
@@ -107,10 +108,23 @@ class TestBroker:
         return got
 
     def queue_depth(self, destination: str) -> int:
+        """Messages ready in the queue (not those a consumer holds unacknowledged)."""
+        return self._declare_ok(destination).message_count
+
+    def depth_once_released(self, destination: str, timeout: float = 30.0) -> int:
+        """Ready messages once no consumer is attached: every delivery a stopped consumer
+        left unacknowledged is back in the queue by then, so nothing more will turn up."""
+        wait_until(
+            lambda: self._declare_ok(destination).consumer_count == 0,
+            timeout,
+            what=f"no consumer left on {destination}",
+        )
+        return self.queue_depth(destination)
+
+    def _declare_ok(self, destination: str) -> Any:
         with Connection(self.url) as conn:
             channel = conn.channel()
-            result = self.topology.queue(destination)(channel).queue_declare(passive=False)
-            return int(result.message_count)
+            return self.topology.queue(destination)(channel).queue_declare(passive=False)
 
     def cleanup(self) -> None:
         try:

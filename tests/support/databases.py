@@ -61,6 +61,15 @@ class TestDatabase:
         with self.connect() as conn:
             conn.execute(query, params)  # type: ignore[arg-type]
 
+    def waiting_on_locks(self) -> int:
+        """How many sessions on this database wait for a lock (row, table or advisory)."""
+        return int(
+            self.scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+        )
+
 
 class DatabaseFactory:
     """Creates databases from a template migrated once per test session."""

@@ -2,7 +2,9 @@
 
 ``registry_v1`` knows only version 1; ``registry_v2`` knows both, and version 2
 inserts ``compliance_check`` after ``wait_approval`` for sagas that have not
-passed it. ``quick`` waits one second for an approval (timeout races).
+passed it. ``registry_v1_edited`` has version 1 with its approval step renamed
+and no version bump (a deploy that would strand running sagas). ``quick`` waits
+one second for an approval (timeout races).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _approve(d: LoanData, e: Approval) -> LoanData:
     return d.model_copy(update={"approver": e.approver})
 
 
-def build_loan(version: int) -> Saga[LoanData]:
+def build_loan(version: int, approval_step: str = "wait_approval") -> Saga[LoanData]:
     loan = Saga("loan", data=LoanData, version=version)
 
     @loan.local("request_loan", compensate="cancel_request")
@@ -69,7 +71,7 @@ def build_loan(version: int) -> Saga[LoanData]:
         reply=CreditScore,
         on_reply=lambda d, r: d.model_copy(update={"score": r.score}),
     )
-    loan.wait("wait_approval", event="approval", payload=Approval, timeout=LONG, on_event=_approve)
+    loan.wait(approval_step, event="approval", payload=Approval, timeout=LONG, on_event=_approve)
     if version >= 2:
 
         @loan.local("compliance_check")
@@ -117,6 +119,7 @@ def _registry(*sagas: Saga[Any]) -> SagaRegistry:
 registry_v1 = _registry(build_loan(1), build_quick(), build_quick("race_loan", RACE))
 registry_v2 = _registry(build_loan(1), build_loan(2), build_quick())
 registry_v2_only = _registry(build_loan(2), build_quick())
+registry_v1_edited = _registry(build_loan(1, approval_step="await_approval"), build_quick())
 
 bureau = Service("bureau", retry=FAST)
 

@@ -9,7 +9,6 @@ from pydantic import BaseModel
 from saga import RetryPolicy, Service
 from saga.consumers.decoding import decode
 from saga.errors import ConfigurationError, Rejection, StepFailed
-from saga.faults import _parse
 from saga.messaging.envelope import Envelope
 
 
@@ -102,14 +101,6 @@ def test_immediate_retries_use_tenacity_and_stop_on_step_failed() -> None:
     with pytest.raises(StepFailed):
         policy.retries()(always, StepFailed("no"))
     assert calls == 1
-
-
-def test_fault_spec_parsing() -> None:
-    assert _parse("") == {}
-    assert _parse("relay.after_publish, consumer.after_commit@3") == {
-        "relay.after_publish": 1,
-        "consumer.after_commit": 3,
-    }
 
 
 def test_retries_after_a_failed_first_try_make_up_the_rest_of_the_attempts() -> None:
