@@ -4,8 +4,9 @@ restarts; then every subscriber's database must hold every event exactly once.
     python -m saga.examples.fanout --broker rabbitmq --events 10000 [--save]
     python -m saga.examples.fanout --broker postgres --events 10000 [--save]
 
-``rabbitmq``: a private RabbitMQ node (its own name, ports and data folder, see
-:mod:`saga.examples.order_saga.rabbitmq_server`) that the run crashes and starts again;
+``rabbitmq``: a private RabbitMQ node (its own name, ports and data folder: a cluster of
+one, :mod:`saga.examples.order_saga.rabbitmq_cluster`) that the run kills with SIGKILL
+and starts again;
 the databases are on the PostgreSQL of ``SAGA_FANOUT_DATABASE_URL`` (default: the local
 one; ``run(database_url=...)``), which is never restarted. ``postgres``: the PostgreSQL
 broker, its tables in a database of their own, and every database of the run on a
@@ -50,7 +51,7 @@ from saga.db.schema import migrate
 from saga.examples.fanout import services
 from saga.examples.fanout.services import SCHEMA, SUBSCRIBERS
 from saga.examples.order_saga.postgres_server import PostgresServer
-from saga.examples.order_saga.rabbitmq_server import RabbitMQServer
+from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
 from saga.examples.order_saga.supervisor import Supervisor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -73,18 +74,14 @@ class Servers:
     """Where the run's databases and broker are; what it may crash (never shared servers)."""
 
     admin_url: str
-    rabbitmq: RabbitMQServer | None = None
+    rabbitmq: RabbitCluster | None = None
     postgres: PostgresServer | None = None
 
     @classmethod
     def start(cls, broker: str, database_url: str) -> Servers:
         if broker == "rabbitmq":
-            rabbitmq = RabbitMQServer()
-            try:
-                rabbitmq.start()
-            except BaseException:
-                rabbitmq.close()
-                raise
+            rabbitmq = RabbitCluster(size=1)
+            rabbitmq.start()  # closes what it started if it fails
             return cls(database_url, rabbitmq=rabbitmq)
         postgres = PostgresServer()
         try:
@@ -104,7 +101,9 @@ class Servers:
     def restart_broker(self) -> None:
         """Crash the broker and start it again (the private RabbitMQ or PostgreSQL)."""
         if self.rabbitmq is not None:
-            self.rabbitmq.restart()
+            (node,) = self.rabbitmq.nodes
+            self.rabbitmq.kill(node)
+            self.rabbitmq.start_node(node)
         else:
             assert self.postgres is not None
             self.postgres.restart()

@@ -17,7 +17,7 @@ import pytest
 
 from saga.examples.fanout.run import run
 from saga.examples.order_saga.postgres_server import POSTGRES_ROOT
-from saga.examples.order_saga.rabbitmq_server import RABBITMQ_BIN
+from saga.examples.order_saga.rabbitmq_cluster import rabbitmq_installed
 from tests.support import servers
 
 EVENTS = 2000
@@ -27,7 +27,7 @@ EVENTS = 2000
 def test_three_subscribers_get_every_event_once_through_kills_and_a_broker_crash(
     broker: str, postgres_url: str, tmp_path: Path
 ) -> None:
-    if broker == "rabbitmq" and not (RABBITMQ_BIN / "rabbitmq-server").exists():
+    if broker == "rabbitmq" and not rabbitmq_installed():
         servers.unavailable("rabbitmq-server", servers.RABBITMQCTL_HINT)
     elif not POSTGRES_ROOT.is_dir():
         servers.unavailable("initdb", "install the PostgreSQL server (apt-get install postgresql)")
