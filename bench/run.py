@@ -1,7 +1,8 @@
 """``make bench``: every measurement in one run, on the same servers, side by side.
 
 The relay against raw broker publishing; pgbench running one saga step's transaction (the
-ceiling for steps); Celery chains and DBOS workflows doing the same writes (the peers). A peer
+ceiling for steps); Celery chains and DBOS workflows doing the same writes (the peers);
+events to three subscribers against commands to one service. A peer
 or the ceiling that cannot run here is reported as not measured, with the reason.
 """
 
@@ -23,6 +24,7 @@ from bench import (
     broker_baseline,
     ceiling,
     dashboard_latency,
+    events,
     peer_celery,
     peer_dbos,
     pg_broker,
@@ -331,6 +333,34 @@ def _versus(full: saga_e2e.Measurement, figures: Figures) -> str:
     return "; ".join(parts)
 
 
+def _events(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """Events to three subscribers against commands to one service, same run and servers."""
+    count = min(args.messages, 20_000)
+    label = f"{count:,} events to 3 subscribers vs {count:,} commands to 1 service"
+    found, failed = _attempt(label, lambda: events.measure(count))
+    if found is None:
+        return [(label, "not measured", failed)]
+    figures |= {
+        "commands_per_s": found["commands_per_s"],
+        "events_per_s": found["events_per_s"],
+        "event_deliveries_per_s": found["event_deliveries_per_s"],
+        "event_deliveries_vs_commands": found["deliveries_vs_commands"],
+    }
+    return [
+        (
+            f"commands to 1 service ({count:,}, one relay, one consumer)",
+            f"{found['commands_per_s']:,.0f} commands/s",
+            "from the commit of the outbox rows to the last handled",
+        ),
+        (
+            f"events to 3 subscribers ({count:,}, one relay, a consumer each)",
+            f"{found['events_per_s']:,.0f} events/s, "
+            f"{found['event_deliveries_per_s']:,.0f} deliveries/s",
+            f"deliveries at {found['deliveries_vs_commands']:.2f}x the commands' rate",
+        ),
+    ]
+
+
 def _dashboard(args: argparse.Namespace, figures: Figures) -> list[Row]:
     """Each dashboard page's p95 over HTTP with ``--dashboard-sagas`` sagas stored."""
     label = f"dashboard pages with {args.dashboard_sagas:,} sagas"
@@ -395,12 +425,18 @@ def main() -> None:
     parser.add_argument(
         "--dashboard-sagas", type=int, default=1_000_000, help="sagas stored for the dashboard"
     )
+    parser.add_argument(
+        "--only-events",
+        action="store_true",
+        help="measure events to three subscribers against commands to one alone (bench.events)",
+    )
     args = parser.parse_args()
     partial = {
         "pg-broker": (args.only_pg_broker, _pg_broker),
         "saga-sql": (args.only_saga_sql, _saga_sql),
         "sagas": (args.only_sagas, _sagas),
         "dashboard": (args.only_dashboard, _dashboard),
+        "events": (args.only_events, _events),
     }
     for name, (chosen, measure) in partial.items():
         if chosen:
@@ -448,6 +484,7 @@ def main() -> None:
     rows += [_ceiling(args, figures), _celery(args, figures), _dbos(args, figures)]
     rows.append(_three_steps(args, figures))
     rows += _pg_broker(args, figures)
+    rows += _events(args, figures)
     rows += _sagas(args, figures)
     rows += _saga_sql(args, figures)
     rows += _dashboard(args, figures)

@@ -1,4 +1,5 @@
-"""The example order saga end to end: four services, four relays, all separate processes.
+"""The example order saga end to end: its four services, four relays, all separate processes
+(the services subscribing to orders' events are left out: their own row is bench/events.py).
 
 Full load: orders submitted as fast as one driver can start them (50 per
 transaction); sagas/s from the first submit to the last saga finished, and
@@ -25,7 +26,7 @@ import psycopg
 
 from bench.environment import AMQP_URL, ScratchDatabase
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.cluster import SERVICES, TARGETS, Cluster
+from saga.examples.order_saga.cluster import SAGA_SERVICES, TARGETS, Cluster
 from saga.examples.order_saga.orders import OrderData
 from saga.examples.order_saga.supervisor import Supervisor
 
@@ -59,7 +60,7 @@ class Bench:
             s: ScratchDatabase.create(
                 f"bench_{self.run_id}_{s}", framework=False, log_statements=log_statements
             )
-            for s in SERVICES
+            for s in SAGA_SERVICES
         }
         self.system = Cluster(
             {s: d.url for s, d in self.databases.items()},
@@ -69,10 +70,10 @@ class Bench:
         self.system.prepare()
         # one consumer process per service, ``orchestrators`` of them for orders
         names = [f"orders-{i + 1}" for i in range(1, orchestrators)]
-        consumers = [(s, s) for s in SERVICES] + [(name, "orders") for name in names]
+        consumers = [(s, s) for s in SAGA_SERVICES] + [(name, "orders") for name in names]
         self.ports = {name: FIRST_PORT + i for i, (name, _) in enumerate(consumers)}
         commands = [self.system.gateway_command()]
-        for service in SERVICES:
+        for service in SAGA_SERVICES:
             commands.append((f"{service}-relay", ["relay"], self.system.env(service)))
         for name, service in consumers:
             consumer = [
@@ -174,7 +175,7 @@ class Bench:
 
     def _steps(self) -> int:
         total = 0
-        for service in SERVICES:
+        for service in SAGA_SERVICES:
             with self.system.connect(service) as conn:
                 row = conn.execute(
                     "SELECT count(*) FROM saga.inbox WHERE consumer <> 'history'"

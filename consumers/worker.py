@@ -24,7 +24,12 @@ from kombu.message import Message
 
 from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
-from saga.broker.transport import BrokerConfig, Topology
+from saga.broker.transport import (
+    BrokerConfig,
+    Topology,
+    check_events_supported,
+    declare_subscriptions,
+)
 from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
@@ -32,6 +37,7 @@ from saga.errors import ConfigurationError, SagaError
 from saga.faults import fault_point
 from saga.handlers.service import Service
 from saga.messaging.envelope import CONTENT_TYPE
+from saga.messaging.events import EventRecords
 from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES, collect_written
 from saga.messaging.signing import KeyRing
 from saga.observability.logs import log_context
@@ -116,6 +122,8 @@ class Worker:
         self._consumer: Consumer | None = None
         self._publisher: BatchPublisher | None = None
         self._relay_store = RelayStore(self.options.schema)
+        self._events = EventRecords(self.options.schema)
+        self._metrics = metrics
         self.ready = threading.Event()
         self.failure: Exception | None = None
 
@@ -176,6 +184,7 @@ class Worker:
         channel = conn.channel()
         queue = self.topology.queue(self.service.name)
         queue(channel).declare()
+        self._subscribe(conn, channel)
         self._buffer.clear()
         self._consumer = Consumer(
             channel,
@@ -187,6 +196,22 @@ class Worker:
         self._consumer.consume()
         self._publisher = BatchPublisher(conn, self.topology, signing=self.options.signing)
         logger.info("%s consuming %s", self.name, queue.name, extra={"consumer": self.service.name})
+
+    def _subscribe(self, conn: Connection, channel: Any) -> None:
+        """Bind the service's queue to the events it subscribes to, unbind it from those it
+        recorded before and dropped since, and record what it is bound to now."""
+        events = self.service.subscriptions
+        db = self._db
+        assert db is not None
+        where = (redact_url(self.broker.url), self.topology.queue_name(self.service.name))
+        with db.transaction():  # the broker refuses, and nothing is recorded
+            dropped = self._events.replace_subscriptions(db, self.service.name, events, *where)
+            if not (events or dropped):
+                return
+            check_events_supported(conn, f"service {self.service.name!r} subscribes to {events}")
+            declare_subscriptions(channel, self.topology, self.service.name, events, dropped)
+        if dropped:
+            logger.info("%s no longer subscribes to %s: unbound", self.name, dropped)
 
     def _close(self) -> None:
         if self._publisher is not None:
@@ -278,8 +303,14 @@ class Worker:
         assert publisher is not None
         with db.transaction():
             rows = self._relay_store.take_ids(db, ids)
-            if rows and publisher.publish(rows, committed_at).failed:
+            if not rows:
+                return
+            outcome = publisher.publish(rows, committed_at)
+            if outcome.failed:
                 raise psycopg.Rollback()  # the relay publishes them (again) later
+            self._events.count_unrouted(db, outcome.unrouted)
+        if self._metrics is not None:
+            self._metrics.count_unrouted(outcome.unrouted)
 
     def _single_failed(
         self, db: psycopg.Connection[Any], message: Message, delivery: Delivery, exc: Exception

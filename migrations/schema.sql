@@ -4,7 +4,7 @@
 CREATE TABLE outbox (
     id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     message_id    uuid        NOT NULL,
-    destination   text        NOT NULL,
+    destination   text,       -- NULL: an event, published to its type's subscribers
     message_type  text        NOT NULL,
     saga_id       uuid,
     body          bytea       NOT NULL,
@@ -88,7 +88,8 @@ CREATE TABLE saga_instances (
     wait_schema        jsonb,
     wait_deadline      timestamptz,
     idempotency_fingerprint text,
-    failed_step        text
+    failed_step        text,
+    wait_key           text
 );
 
 CREATE UNIQUE INDEX saga_instances_idempotency
@@ -101,6 +102,8 @@ CREATE INDEX saga_instances_name_status ON saga_instances (name, status, started
 CREATE INDEX saga_instances_started_at ON saga_instances USING brin (started_at);
 CREATE INDEX saga_instances_waiting
     ON saga_instances (name, waiting_for) WHERE waiting_for IS NOT NULL;
+CREATE INDEX saga_instances_wait_key
+    ON saga_instances (waiting_for, wait_key) WHERE wait_key IS NOT NULL;
 
 ALTER TABLE saga_instances SET (fillfactor = 80);
 
@@ -242,3 +245,30 @@ CREATE TABLE saga_definitions (
     recorded_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (name, version)
 );
+
+-- Events: what each consumer subscribes to (recorded at every connect), events that
+-- reached no subscriber, and events kept for the saga that will wait for them.
+CREATE TABLE subscriptions (
+    consumer          text        NOT NULL,
+    message_type      text        NOT NULL,
+    broker            text        NOT NULL,
+    queue             text        NOT NULL,
+    first_declared_at timestamptz NOT NULL DEFAULT now(),
+    last_declared_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_type, broker, queue)
+);
+CREATE TABLE events_unrouted (
+    message_type text        PRIMARY KEY,
+    events       bigint      NOT NULL,
+    first_at     timestamptz NOT NULL DEFAULT now(),
+    last_at      timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE early_events (
+    message_type    text        NOT NULL,
+    correlation_key text        NOT NULL,
+    message_id      uuid        NOT NULL,
+    payload         jsonb       NOT NULL,
+    received_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (message_type, correlation_key, message_id)
+);
+CREATE INDEX early_events_received_at ON early_events USING brin (received_at);

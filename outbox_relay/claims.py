@@ -76,7 +76,7 @@ class OutboxRow:
 
     id: int
     message_id: UUID
-    destination: str
+    destination: str | None  # None: an event, for every subscriber of its type
     message_type: str
     body: bytes
     attempts: int

@@ -9,6 +9,12 @@ go to the socket in one write (:func:`saga.broker.amqp_transport.gathered_writes
 
 Other transports (Redis, memory, PostgreSQL) publish through kombu's
 ``Producer.batch()``: one Redis pipeline, or one PostgreSQL INSERT, per batch.
+
+An event (a row with no destination) goes to the events exchange with its type as
+routing key, ``mandatory`` too. A return then means that no queue subscribes to it:
+not a failure, the row is done and the event counted as unrouted. The PostgreSQL
+transport reports such events through the same ``on_return`` callback. On Redis an
+event is refused for good (:func:`~saga.broker.transport.check_events_supported`).
 """
 
 from __future__ import annotations
@@ -21,12 +27,18 @@ from typing import Any
 from kombu import Connection, Producer
 
 from saga.broker.amqp_transport import gathered_writes
-from saga.broker.transport import Topology
+from saga.broker.transport import Topology, check_events_supported
+from saga.errors import EventsNotSupported
 from saga.messaging.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE
 from saga.messaging.signing import KeyRing
 from saga.outbox_relay.claims import OutboxRow
 
 logger = logging.getLogger(__name__)
+
+
+#: kombu drivers that hand back what nothing routes (an AMQP ``basic.return``, or the
+#: PostgreSQL transport's own).
+RETURNING_DRIVERS = ("amqp", "postgresql")
 
 
 @dataclass(slots=True)
@@ -35,6 +47,17 @@ class PublishOutcome:
 
     published: list[int] = field(default_factory=list)
     failed: dict[int, tuple[str, str]] = field(default_factory=dict)  # id -> (type, message)
+    #: the failed rows no retry can publish (quarantined at once)
+    permanent: set[int] = field(default_factory=set)
+    #: the types of the published events that no queue subscribes to (one entry each)
+    unrouted: list[str] = field(default_factory=list)
+
+    def add(self, other: PublishOutcome) -> None:
+        """Take in the outcome of a publish of some more rows."""
+        self.published.extend(other.published)
+        self.failed.update(other.failed)
+        self.permanent.update(other.permanent)
+        self.unrouted.extend(other.unrouted)
 
 
 class BatchPublisher:
@@ -55,9 +78,16 @@ class BatchPublisher:
         self.max_message_bytes = max_message_bytes
         self.signing = signing
         self._is_amqp = connection.transport.driver_type == "amqp"
+        self._returns = connection.transport.driver_type in RETURNING_DRIVERS
+        self._events_refused: str | None = None
+        try:
+            check_events_supported(connection, "cannot publish this event")
+        except EventsNotSupported as refused:
+            self._events_refused = str(refused)
         self._channel: Any = None
         self._producer: Producer | None = None
         self._declared: set[str] = set()
+        self._exchange_declared = False
         self._returned: set[str] = set()
 
     def close(self) -> None:
@@ -69,6 +99,7 @@ class BatchPublisher:
         self._channel = None
         self._producer = None
         self._declared.clear()
+        self._exchange_declared = False
 
     def publish(
         self, rows: Sequence[OutboxRow], committed_at: float | None = None
@@ -86,6 +117,9 @@ class BatchPublisher:
                     "MessageTooLarge",
                     f"{len(row.body)} bytes is over the broker limit of {self.max_message_bytes}",
                 )
+            elif row.destination is None and self._events_refused is not None:
+                outcome.failed[row.id] = ("EventsNotSupported", self._events_refused)
+                outcome.permanent.add(row.id)
             else:
                 sendable.append(row)
         if not sendable:
@@ -102,13 +136,18 @@ class BatchPublisher:
                 for row in sendable:
                     self._publish_one(producer, row, committed_at)
         for row in sendable:
-            if str(row.message_id) in self._returned:
+            if str(row.message_id) in self._returned and row.destination is None:
+                outcome.published.append(row.id)  # an event nobody subscribes to: done
+                outcome.unrouted.append(row.message_type)
+            elif str(row.message_id) in self._returned:
+                destination = row.destination
+                assert destination is not None
                 outcome.failed[row.id] = (
                     "Unroutable",
-                    f"no queue {self.topology.queue_name(row.destination)!r} for destination "
-                    f"{row.destination!r} (returned by the broker)",
+                    f"no queue {self.topology.queue_name(destination)!r} for destination "
+                    f"{destination!r} (returned by the broker)",
                 )
-                self._declared.discard(row.destination)
+                self._declared.discard(destination)
             else:
                 outcome.published.append(row.id)
         return outcome
@@ -121,18 +160,31 @@ class BatchPublisher:
             self._producer = Producer(
                 self._channel,
                 auto_declare=False,
-                on_return=self._on_return if self._is_amqp else None,
+                on_return=self._on_return if self._returns else None,
             )
         return self._producer
 
-    def _publish_one(self, producer: Producer, row: OutboxRow, committed_at: float | None) -> None:
+    def _route(self, row: OutboxRow) -> tuple[str, str]:
+        """(exchange, routing key) of ``row``, its queue or exchange declared if need be: a
+        command goes to its destination's queue, an event to the events exchange."""
+        if row.destination is None:
+            if (
+                self.declare_queues and not self._exchange_declared
+            ):  # a missing one closes the channel
+                self.topology.events_exchange()(self._channel).declare()
+                self._exchange_declared = True
+            return self.topology.events_exchange_name, row.message_type
         if self.declare_queues and row.destination not in self._declared:
             self.topology.queue(row.destination).declare(channel=self._channel)
             self._declared.add(row.destination)
+        return "", self.topology.queue_name(row.destination)
+
+    def _publish_one(self, producer: Producer, row: OutboxRow, committed_at: float | None) -> None:
+        exchange, routing_key = self._route(row)
         producer.publish(
             row.body,
-            exchange="",
-            routing_key=self.topology.queue_name(row.destination),
+            exchange=exchange,
+            routing_key=routing_key,
             content_type=CONTENT_TYPE,
             content_encoding=CONTENT_ENCODING,
             delivery_mode=2,
@@ -148,7 +200,9 @@ class BatchPublisher:
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
         message_id = message.properties.get("message_id")
-        logger.warning(
+        event = exchange == self.topology.events_exchange_name  # nobody subscribes: no error
+        logger.log(
+            logging.DEBUG if event else logging.WARNING,
             "broker returned message %s for %r: %s",
             message_id,
             routing_key,

@@ -27,6 +27,7 @@ from saga.broker.transport import BrokerConfig, Topology
 from saga.db.sql import validate_schema
 from saga.errors import ConfigurationError
 from saga.faults import fault_point
+from saga.messaging.events import EventRecords
 from saga.messaging.outbox import wake_channel
 from saga.messaging.signing import KeyRing
 from saga.observability.metrics import Metrics
@@ -94,6 +95,7 @@ class Relay:
         self.options = options or RelayOptions()
         self.topology = topology or Topology()
         self.store = RelayStore(self.options.schema)
+        self.events = EventRecords(self.options.schema)
         self.pruner = Pruner(self.options.schema, self.options.retention)
         self._db: psycopg.Connection[Any] | None = None
         self._listen: psycopg.Connection[Any] | None = None
@@ -166,12 +168,14 @@ class Relay:
             outcome = self._publish(publisher, rows)
             fault_point("relay.after_publish")
             self.store.delete(db, outcome.published)
+            self.events.count_unrouted(db, outcome.unrouted)
             deferred, quarantined = self._handle_failures(db, rows, outcome)
         fault_point("relay.after_commit")
         self.published_total += len(outcome.published)
         if self.metrics is not None:
             self.metrics.published.inc(len(outcome.published))
             self.metrics.publish_failures.inc(len(outcome.failed))
+            self.metrics.count_unrouted(outcome.unrouted)
             if quarantined:
                 self.metrics.dead_lettered.labels("outbox_relay", "unpublishable").inc(quarantined)
         return BatchReport(len(rows), len(outcome.published), deferred, quarantined)
@@ -296,8 +300,7 @@ class Relay:
                     publisher.close()
                     outcome.failed[row.id] = (type(row_exc).__name__, str(row_exc))
                     continue
-                outcome.published.extend(single.published)
-                outcome.failed.update(single.failed)
+                outcome.add(single)
             return outcome
 
     def _handle_failures(
@@ -309,7 +312,7 @@ class Relay:
             row = by_id[row_id]
             attempts = row.attempts + 1
             extra = {"message_id": str(row.message_id), "destination": row.destination}
-            if attempts >= self.options.max_publish_attempts:
+            if attempts >= self.options.max_publish_attempts or row_id in outcome.permanent:
                 logger.error(
                     "quarantining message %s after %d failed publishes: %s",
                     row.message_id,

@@ -26,6 +26,10 @@ class InvalidIdentifier(ConfigurationError):
     """A schema, queue or consumer name is not a safe identifier."""
 
 
+class EventsNotSupported(ConfigurationError):
+    """Events (publish/subscribe) on a broker that cannot fan them out safely (Redis)."""
+
+
 class MessageTooLarge(SagaError):
     """A message body exceeds the configured cap; nothing was written."""
 

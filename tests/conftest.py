@@ -138,10 +138,7 @@ def pg_broker_url() -> str:
     return _postgres_broker_url()
 
 
-@pytest.fixture(params=["memory", "amqp", "redis", "postgres"])
-def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
-    """Each test using it runs once per transport (the contract suite)."""
-    kind = request.param
+def _test_broker(kind: str) -> TestBroker:
     if kind == "memory":
         url = "memory://"
     elif kind == "amqp":
@@ -151,7 +148,29 @@ def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
     else:
         url = _server("redis")
     # The shared Redis runs with appendonly no (CI starts it so): accept that explicitly.
-    broker = TestBroker(url, kind, accepts_message_loss=kind == "redis")
+    return TestBroker(url, kind, accepts_message_loss=kind == "redis")
+
+
+@pytest.fixture(params=["memory", "amqp", "redis", "postgres"])
+def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
+    """Each test using it runs once per transport (the contract suite)."""
+    broker = _test_broker(request.param)
+    yield broker
+    broker.cleanup()
+
+
+@pytest.fixture(params=["memory", "amqp", "postgres"])
+def event_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
+    """Each test using it runs once per transport that carries events (Redis does not)."""
+    broker = _test_broker(request.param)
+    yield broker
+    broker.cleanup()
+
+
+@pytest.fixture(params=["amqp", "postgres"])
+def shared_event_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
+    """The transports whose bindings several processes share: RabbitMQ and PostgreSQL."""
+    broker = _test_broker(request.param)
     yield broker
     broker.cleanup()
 

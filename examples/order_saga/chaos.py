@@ -1,26 +1,26 @@
 """The chaos run (``make chaos``): the example under injected faults, then the checker.
 
-Four services and their relays (two for the orders database) and a workload
-driver run as separate processes on PostgreSQL and RabbitMQ. While orders
-flow, a fault schedule SIGKILLs random processes (a supervisor restarts them),
-pauses one with SIGSTOP past the broker heartbeat, restarts RabbitMQ, restarts
-PostgreSQL (fast shutdown), leaves a transaction idle that starts a saga and
-commits late, and takes the payment gateway's charges down for longer than the
-payments service retries (the first charge of each outage is made and its
-answer lost). Held charges become dead letters; as an operator would once the
-gateway is back, the run replays them. Then it waits for quiescence and runs
-the checker (the gateway's money included).
+The example's services (the order saga's four, and notifications and analytics, which
+subscribe to the events orders publishes), their relays (two for the orders database)
+and a workload driver run as separate processes on PostgreSQL and RabbitMQ. While orders
+flow, a fault schedule SIGKILLs random processes (a supervisor restarts them), pauses
+one with SIGSTOP past the broker heartbeat, restarts RabbitMQ, restarts PostgreSQL (fast
+shutdown), leaves a transaction idle that starts a saga and commits late, and takes the
+payment gateway's charges down for longer than the payments service retries (the first
+charge of each outage is made and its answer lost). Held charges become dead letters; as
+an operator would once the gateway is back, the run replays them. Then it waits for
+quiescence and runs the checker (the gateway's money included).
 
-``--broker redis`` runs on a private ``redis-server`` (its own port, persistence
-``appendonly yes`` / ``appendfsync always``) that the deck crashes and starts again
-(``restart_redis``) instead of restarting RabbitMQ and PostgreSQL: nothing may be
-lost, with no operator action. ``--broker redis-volatile`` runs on one without
-persistence: first the relay must refuse it, then the run accepts the risk
-(``SAGA_ACCEPT_REDIS_MESSAGE_LOSS``), each restart loses what Redis held, and once
-no saga has moved for :data:`STUCK_AFTER_S` seconds after the faults, ONE bulk
-``saga resume --stuck-after`` must bring every stranded saga to its end, each
-effect applied once. The shared PostgreSQL and RabbitMQ are never restarted in
-these modes.
+``--broker redis`` runs the order saga's four services alone (Redis carries commands,
+not events) on a private ``redis-server`` (its own port, persistence ``appendonly yes``
+/ ``appendfsync always``) that the deck crashes and starts again (``restart_redis``)
+instead of restarting RabbitMQ and PostgreSQL: nothing may be lost, with no operator
+action. ``--broker redis-volatile`` runs on one without persistence: first the relay
+must refuse it, then the run accepts the risk (``SAGA_ACCEPT_REDIS_MESSAGE_LOSS``), each
+restart loses what Redis held, and once no saga has moved for :data:`STUCK_AFTER_S`
+seconds after the faults, ONE bulk ``saga resume --stuck-after`` must bring every
+stranded saga to its end, each effect applied once. The shared PostgreSQL and RabbitMQ
+are never restarted in these modes.
 
 ``--broker postgres`` runs on the framework's PostgreSQL transport, its messages in a
 database of their own (``chaos_<run>_broker``). Every database of the run, the broker's
@@ -188,7 +188,7 @@ class FaultInjector:
         self.supervisor.kill(self.rng.choice(ours))
 
     def pause(self) -> None:
-        name = self.rng.choice([s for s in SERVICES])
+        name = self.rng.choice([s for s in SERVICES if s in self.supervisor.processes])
         self.supervisor.pause(name)
         self._later(self.heartbeat * 2.5 + 1, lambda: self.supervisor.resume(name))
 

@@ -1,4 +1,4 @@
-"""The invariant checker: run it against the example's four databases, on its own.
+"""The invariant checker: run it against the example's databases, on its own.
 
     python -m saga.examples.order_saga.checker --database-url 'postgresql://localhost/chaos_{service}'
 
@@ -107,7 +107,7 @@ def step_order(system: Cluster, report: invariants.Report) -> None:
 def drained(system: Cluster, report: invariants.Report) -> None:
     """No ready message left in any outbox, no pending dead letter."""
     ready = letters = 0
-    for service in SERVICES:
+    for service in system.services:
         ready += invariants.rows(
             system, service, "SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL"
         )[0][0]

@@ -1,4 +1,8 @@
-"""The four services of the example: their databases, processes and seed data."""
+"""The services of the example: their databases, processes and seed data.
+
+The order saga's four (orders and its three participants), and the two that subscribe
+to the events orders publishes (notifications, analytics).
+"""
 
 from __future__ import annotations
 
@@ -12,17 +16,25 @@ from typing import Any
 import psycopg
 from kombu import Connection
 
-from saga.broker.transport import Topology
+from saga.broker.transport import BrokerConfig, Topology, declare_subscriptions
 from saga.db.schema import migrate
 
-SERVICES = ("orders", "customers", "inventory", "payments")
+#: The order saga's services: its home and its participants.
+SAGA_SERVICES = ("orders", "customers", "inventory", "payments")
+#: The services that only subscribe to the events orders publishes.
+SUBSCRIBERS = ("notifications", "analytics")
+SERVICES = SAGA_SERVICES + SUBSCRIBERS
 TARGETS = {
     "orders": "saga.examples.order_saga.orders:registry",
     "customers": "saga.examples.order_saga.customers:service",
     "inventory": "saga.examples.order_saga.inventory:service",
     "payments": "saga.examples.order_saga.payments:service",
+    "notifications": "saga.examples.order_saga.notifications:service",
+    "analytics": "saga.examples.order_saga.analytics:service",
 }
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
+#: "false": orders publishes no event (on a broker that carries commands only).
+PUBLISH_EVENTS_VARIABLE = "ORDERS_PUBLISH_EVENTS"
 
 #: Seed data. Failures come from the data, as they would in production.
 RICH_CUSTOMERS = [f"c-{i:02d}" for i in range(20)]
@@ -37,7 +49,12 @@ STOCK_EACH = 1_000_000
 
 @dataclass
 class Cluster:
-    """Where each service's database is, and how its processes reach the broker."""
+    """Where each service's database is, and how its processes reach the broker.
+
+    The cluster runs the services it has a database for: all of :data:`SERVICES`, or the
+    saga's alone (:data:`SAGA_SERVICES`, as the saga benchmark runs it). On Redis, which
+    carries commands only, orders publishes no event and no subscriber runs.
+    """
 
     database_urls: dict[str, str]
     broker_url: str
@@ -53,16 +70,52 @@ class Cluster:
                 self.gateway_port = probe.getsockname()[1]
 
     @property
+    def carries_events(self) -> bool:
+        """False on Redis: it carries commands only (docs/events.md says why)."""
+        return not BrokerConfig(self.broker_url).is_redis
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        return tuple(
+            s
+            for s in SERVICES
+            if s in self.database_urls and (self.carries_events or s not in SUBSCRIBERS)
+        )
+
+    @property
+    def has_subscribers(self) -> bool:
+        """True when the services subscribing to orders' events run in this cluster."""
+        return all(s in self.services for s in SUBSCRIBERS)
+
+    @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
     def prepare(self) -> None:
-        """Migrate every database and create the business tables (idempotent)."""
-        for service in SERVICES:
+        """Migrate every database, create the business tables and bind the subscribers'
+        queues (idempotent)."""
+        for service in self.services:
             with psycopg.connect(self.database_urls[service]) as conn:
                 migrate(conn, "saga")
                 conn.execute((SCHEMA_DIR / f"{service}.sql").read_bytes())
         self._seed()
+        self._bind_subscribers()
+
+    def _bind_subscribers(self) -> None:
+        """Bind the subscribers' queues before any order is placed. A subscriber receives
+        the events published after its queue is bound (its consumer does that when it
+        connects), and the invariants expect a notice for every order from the first one,
+        even when orders comes up before notifications."""
+        if not self.has_subscribers:
+            return
+        from saga.examples.order_saga import analytics, notifications
+
+        topology = Topology(queue_prefix=self.queue_prefix)
+        with BrokerConfig(self.broker_url).connect() as conn:
+            channel = conn.channel()
+            for subscriber in (notifications.service, analytics.service):
+                topology.queue(subscriber.name)(channel).declare()
+                declare_subscriptions(channel, topology, subscriber.name, subscriber.subscriptions)
 
     def _seed(self) -> None:
         with psycopg.connect(self.database_urls["customers"]) as conn:
@@ -81,7 +134,7 @@ class Cluster:
 
     def delete_queues(self) -> None:
         """Remove the services' queues from the broker (scratch runs clean up after themselves)."""
-        delete_queues(self.broker_url, self.queue_prefix, SERVICES)
+        delete_queues(self.broker_url, self.queue_prefix, self.services)
 
     def env(self, service: str) -> dict[str, str]:
         """The environment of a ``saga relay`` or ``saga consume`` process for ``service``."""
@@ -90,6 +143,7 @@ class Cluster:
             "SAGA_BROKER_URL": self.broker_url,
             "SAGA_QUEUE_PREFIX": self.queue_prefix,
             "PAYMENT_GATEWAY_URL": self.gateway_url,
+            **({} if self.carries_events else {PUBLISH_EVENTS_VARIABLE: "false"}),
             **self.extra_env,
         }
 
@@ -102,7 +156,7 @@ class Cluster:
         """(name, arguments, environment) of every process: the gateway, then for each
         service a relay and a consumer."""
         result = [self.gateway_command()]
-        for service in SERVICES:
+        for service in self.services:
             result.append((f"{service}-relay", ["relay"], self.env(service)))
             result.append((service, ["consume", TARGETS[service]], self.env(service)))
         return result
@@ -112,9 +166,12 @@ class Cluster:
 
 
 def delete_queues(broker_url: str, queue_prefix: str, destinations: Iterable[str]) -> None:
-    """Remove the queues of ``destinations`` under ``queue_prefix``, messages and all."""
+    """Remove the queues of ``destinations`` under ``queue_prefix``, messages and all, and
+    the events exchange."""
     topology = Topology(queue_prefix=queue_prefix)
     with Connection(broker_url) as conn:
         channel = conn.channel()
         for destination in destinations:
             topology.queue(destination)(channel).delete()
+        if conn.transport.driver_type == "amqp":  # elsewhere bindings go with their queues
+            topology.events_exchange()(channel).delete()

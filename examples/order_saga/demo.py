@@ -1,9 +1,11 @@
-"""``make demo``: the order saga end to end, four services as separate processes.
+"""``make demo``: the order saga end to end, six services as separate processes.
 
-With no ``SAGA_DATABASE_URL``, an embedded PostgreSQL holds the four service
-databases and, with no ``SAGA_BROKER_URL``, also the broker (the framework's
-own PostgreSQL transport, in a database of its own). With them set, the demo uses those servers: one
-database per service is created on ``SAGA_DATABASE_URL``'s server.
+Orders and the saga's three participants, and the two services that subscribe to the
+events orders publishes (notifications, analytics). With no ``SAGA_DATABASE_URL``, an
+embedded PostgreSQL holds the service databases and, with no ``SAGA_BROKER_URL``, also
+the broker (the framework's own PostgreSQL transport, in a database of its own). With
+them set, the demo uses those servers: one database per service is created on
+``SAGA_DATABASE_URL``'s server.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def run(
     with ExitStack() as stack, servers(stack) as (urls, broker_url, where):
         console.print(f"[bold]order saga demo[/bold]: {where}")
         system = Cluster(urls, broker_url, extra_env={"ORDER_SAGA_FLAKINESS": str(flakiness)})
-        with console.status("migrating four service databases and seeding them"):
+        with console.status(f"migrating {len(SERVICES)} service databases and seeding them"):
             system.prepare()
         processes = [SagaProcess(args, env, logs, name) for name, args, env in system.commands()]
         stack.callback(_stop, processes)
@@ -118,7 +120,10 @@ def run(
             counts = workload.wait_until_settled(
                 system, orders, timeout, on_progress=lambda n: progress.advance(settled, n)
             )
+        with console.status("waiting for notifications and analytics to catch up"):
+            workload.wait_for_events(system, timeout)
         _outcomes(system, counts)
+        _events(system)
         _step_latency(system)
         _timelines(system)
         report = invariants.check(system)
@@ -159,6 +164,25 @@ def _outcomes(system: Cluster, counts: dict[str, int]) -> None:
         for step, count in reasons:
             table.add_row(step, str(count))
         console.print(table)
+
+
+def _events(system: Cluster) -> None:
+    """What the subscribers of orders' events did: notices sent, approved amounts counted."""
+    table = Table(title="events orders published, as their subscribers handled them")
+    for column in ("service", "event", "handled", "effect"):
+        table.add_column(column, justify="right" if column == "handled" else "left")
+    notices = dict(invariants.rows(system, "notifications",
+                                   "SELECT kind, count(*) FROM notices GROUP BY kind"))  # fmt: skip
+    totals = invariants.rows(
+        system, "analytics",
+        "SELECT coalesce(sum(orders), 0), coalesce(sum(amount_cents), 0) FROM approved_totals",
+    )[0]  # fmt: skip
+    table.add_row("notifications", "OrderApproved", str(notices.get("approved", 0)), "a notice")
+    table.add_row("notifications", "OrderRejected", str(notices.get("rejected", 0)), "a notice")
+    table.add_row(
+        "analytics", "OrderApproved", str(totals[0]), f"{totals[1] / 100:,.2f} approved in total"
+    )
+    console.print(table)
 
 
 _STEP_LATENCY = """

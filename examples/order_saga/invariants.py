@@ -1,4 +1,5 @@
-"""Business invariants of the example: money and stock add up, no effect applied twice."""
+"""Business invariants of the example: money and stock add up, no effect applied twice,
+every decided order notified once and counted once."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def check(system: Cluster, gateway: dict[str, Any] | None = None) -> Report:
     _check_credit(system, report, orders, approved)
     _check_stock(system, report, approved, rejected)
     _check_payments(system, report, orders, approved, rejected)
+    if system.has_subscribers:
+        _check_events(system, report, orders, approved, rejected)
     if gateway is not None:
         _check_gateway(system, report, gateway, approved, rejected)
     return report
@@ -143,6 +146,67 @@ def _check_payments(
             report.violations.append(f"charge {charge_id} refunded {count} times")
     report.figures["charges"] = len(charges)
     report.figures["refunds"] = sum(c for _, c in refunds)
+
+
+def _check_events(
+    system: Cluster, report: Report, orders: dict[str, Any], approved: set[str], rejected: set[str]
+) -> None:
+    """The subscribers of orders' events: one notice per approved or rejected order (of its
+    kind, none for an order still undecided), and analytics' totals equal to the approved
+    orders' (an event handled twice would count twice)."""
+    notices: dict[str, list[str]] = {}
+    for order_id, kind in rows(system, "notifications", "SELECT order_id, kind FROM notices"):
+        notices.setdefault(order_id, []).append(kind)
+    expected = {o: ["approved"] for o in approved} | {o: ["rejected"] for o in rejected}
+    twice = [o for o, kinds in notices.items() if len(kinds) > 1]
+    missing = [o for o in expected if o not in notices]
+    wrong = [o for o, kinds in notices.items() if o not in twice and kinds != expected.get(o)]
+    report.figures.update(
+        notices=sum(len(kinds) for kinds in notices.values()),
+        notices_missing=len(missing),
+        notices_duplicated=len(twice),
+    )
+    if twice:
+        report.violations.append(f"{len(twice)} orders notified more than once, e.g. {twice[:3]}")
+    if missing:
+        report.violations.append(
+            f"{len(missing)} decided orders never notified, e.g. {missing[:3]}"
+        )
+    if wrong:
+        report.violations.append(f"{len(wrong)} notices do not match their order, e.g. {wrong[:3]}")
+    counted = {
+        customer: (int(n), int(cents))
+        for customer, n, cents in rows(
+            system, "analytics", "SELECT customer_id, orders, amount_cents FROM approved_totals"
+        )
+    }
+    totals: dict[str, tuple[int, int]] = {}
+    for order_id in approved:
+        _, customer, amount = orders[order_id]
+        n, cents = totals.get(customer, (0, 0))
+        totals[customer] = (n + 1, cents + amount)
+    report.figures["analytics_approved_cents"] = sum(cents for _, cents in counted.values())
+    if counted != totals:
+        drift = sorted(c for c in counted.keys() | totals.keys() if counted.get(c) != totals.get(c))
+        report.violations.append(
+            f"analytics totals differ from the approved orders for {len(drift)} customers, "
+            f"e.g. {[(c, counted.get(c), totals.get(c)) for c in drift[:3]]}"
+        )
+
+
+def events_delivered(system: Cluster) -> bool:
+    """True once every decided order has its notice and analytics counted every approved
+    one (the subscribers have caught up with the events orders published), or when the
+    cluster runs no subscriber."""
+    if not system.has_subscribers:
+        return True
+    decided = rows(
+        system, "orders", "SELECT count(*) FILTER (WHERE status IN ('approved', 'rejected')), "
+        "count(*) FILTER (WHERE status = 'approved') FROM orders"
+    )[0]  # fmt: skip
+    notices = rows(system, "notifications", "SELECT count(DISTINCT order_id) FROM notices")[0][0]
+    counted = rows(system, "analytics", "SELECT coalesce(sum(orders), 0) FROM approved_totals")
+    return bool(notices >= decided[0] and counted[0][0] >= decided[1])
 
 
 def _check_gateway(

@@ -1,4 +1,5 @@
-"""The messages the four services exchange (shared by all of them).
+"""The messages the services exchange (shared by all of them): commands and replies
+between the order saga and its participants, and the events orders publishes.
 
 Compensations carry the order, not ids from the forward step's reply: that reply
 may never have come (the command was dead-lettered or timed out, its outcome
@@ -61,3 +62,21 @@ class ScheduleShipment(BaseModel):
 
 class ShipmentScheduled(BaseModel):
     shipment_id: str
+
+
+# -- events: published by orders, to whoever subscribes ---------------------------------
+
+
+class OrderApproved(BaseModel):
+    """Published by orders when an order goes through (its saga's last step)."""
+
+    order_id: str
+    customer_id: str
+    amount_cents: int
+
+
+class OrderRejected(BaseModel):
+    """Published by orders when an order is turned down (its saga compensated)."""
+
+    order_id: str
+    customer_id: str

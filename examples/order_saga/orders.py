@@ -1,4 +1,10 @@
-"""The orders service: home of the create_order saga (the whole flow is in this file)."""
+"""The orders service: home of the create_order saga (the whole flow is in this file).
+
+It publishes ``OrderApproved`` when an order goes through and ``OrderRejected`` when it is
+turned down, from the saga's local steps, in the orchestrator's transaction: the event
+leaves only if the order's new status commits. Orders does not know who listens
+(notifications and analytics do).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ from saga.examples.order_saga.messages import (
     CardCharged,
     ChargeCard,
     CreditReserved,
+    OrderApproved,
+    OrderRejected,
     RefundCharge,
     ReleaseCredit,
     ReleaseStock,
@@ -38,6 +46,9 @@ class OrderData(BaseModel):
 
 create_order = Saga("create_order", data=OrderData, version=1)
 
+#: Publish OrderApproved and OrderRejected ("false" on a broker that carries commands only).
+PUBLISH_EVENTS = os.environ.get("ORDERS_PUBLISH_EVENTS", "true") != "false"
+
 #: What a dead-lettered charge means: "hold" the saga for the operator (replay the letter
 #: to charge, purge it to compensate), or "compensate" at once, the charge included.
 CHARGE_ON_DEAD_LETTER = os.environ.get("ORDERS_CHARGE_ON_DEAD_LETTER", "hold")
@@ -56,6 +67,8 @@ def create_pending_order(tx: Tx, d: OrderData) -> None:
 @create_order.local_compensation("reject_order")
 def reject_order(tx: Tx, d: OrderData) -> None:
     tx.execute("UPDATE orders SET status = 'rejected' WHERE id = %s", (d.order_id,))
+    if PUBLISH_EVENTS:
+        registry.outbox.publish(tx, OrderRejected(order_id=d.order_id, customer_id=d.customer_id))
 
 
 create_order.remote(
@@ -96,6 +109,11 @@ create_order.remote(  # the pivot: once shipment is scheduled, the order goes th
 @create_order.local("approve_order")
 def approve_order(tx: Tx, d: OrderData) -> None:
     tx.execute("UPDATE orders SET status = 'approved' WHERE id = %s", (d.order_id,))
+    if PUBLISH_EVENTS:
+        approved = OrderApproved(
+            order_id=d.order_id, customer_id=d.customer_id, amount_cents=d.amount_cents
+        )
+        registry.outbox.publish(tx, approved)
 
 
 registry = SagaRegistry("orders")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from saga.examples.order_saga import cluster
+from saga.examples.order_saga import cluster, invariants
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import DECLINED
 from saga.examples.order_saga.orders import OrderData, create_order
@@ -109,12 +109,25 @@ def wait_until_settled(
         time.sleep(0.2)
 
 
+def wait_for_events(system: Cluster, timeout: float) -> bool:
+    """Poll until the events subscribers have caught up with orders (False: not in time)."""
+    deadline = time.monotonic() + timeout
+    while not invariants.events_delivered(system):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def quiescent(system: Cluster, expected: int) -> bool:
-    """True when ``expected`` sagas are finished and no outbox holds a ready message."""
+    """True when ``expected`` sagas are finished, no outbox holds a ready message, and the
+    events subscribers have caught up."""
     counts = status_counts(system)
     if counts.get("completed", 0) + counts.get("compensated", 0) < expected:
         return False
-    for service in cluster.SERVICES:
+    if not invariants.events_delivered(system):
+        return False
+    for service in system.services:
         with system.connect(service) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL"

@@ -21,6 +21,13 @@ not in the consumer's memory:
   messages come back when the lease ends.
 - **delay**: a message published with an ``x-delay`` header (milliseconds) is inserted
   with ``visible_at`` that far ahead.
+- **events**: a publish to an exchange (the events exchange) makes one row per queue
+  bound to its routing key, in the same INSERT, from the ``subscriptions`` table
+  (``exchange``, ``routing_key``, ``queue``): bindings are rows, durable and shared by
+  every process, never kept in one process's memory. ``queue_bind`` adds a row,
+  ``queue_unbind`` and ``queue_delete`` remove them. A publish that matches no binding is
+  handed to the producer's ``on_return`` callback, as RabbitMQ returns a ``mandatory``
+  message it cannot route.
 - **wake-ups**: a publisher sends ``NOTIFY`` after its insert committed (never inside it,
   so writers do not serialize on the notification lock), at most once per queue per
   :data:`WAKE_INTERVAL`; consumers ``LISTEN`` and otherwise poll, backing off from
@@ -30,11 +37,11 @@ not in the consumer's memory:
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -43,6 +50,15 @@ import psycopg
 from kombu.transport import virtual
 from psycopg import sql
 
+from saga.broker.postgres_publishing import (
+    DEFAULT_EXCHANGE,
+    SUBSCRIPTIONS_DDL,
+    Bindings,
+    Outgoing,
+    PublishBatch,
+    ReturnedMessage,
+    columns_of,
+)
 from saga.db.sql import validate_name
 from saga.observability.redaction import redact_url
 
@@ -118,34 +134,6 @@ class QoS(virtual.QoS):  # type: ignore[misc]
         return []
 
 
-class PublishBatch:
-    """A producer's batch (``Producer.batch()``): one multi-row INSERT per flush."""
-
-    def __init__(self, channel: Channel, max_size: int) -> None:
-        self.channel = channel
-        self.max_size = max_size
-        self._rows: list[tuple[str, dict[str, Any]]] = []
-
-    def publish(self, message: dict[str, Any], **kwargs: Any) -> Any:
-        return self.channel.basic_publish(message, _publish_batch=self, **kwargs)
-
-    def add(self, queue: str, message: dict[str, Any]) -> None:
-        self._rows.append((queue, message))
-        if len(self._rows) >= self.max_size:
-            self.flush()
-
-    def flush(self) -> None:
-        rows, self._rows = self._rows, []
-        if rows:
-            self.channel.insert(rows)
-
-    def discard(self) -> None:
-        self._rows = []
-
-    def close(self) -> None:
-        self._rows = []
-
-
 class Channel(virtual.Channel):  # type: ignore[misc]
     QoS = QoS
     body_encoding = None  # bytes go to a bytea column as they are
@@ -166,6 +154,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         super().__init__(connection, **kwargs)
         validate_name(self.schema, "broker schema")
         self.table = sql.Identifier(self.schema, "messages")
+        self.bindings = Bindings(self.schema)
+        #: ``basic_return``: the callbacks of producers told of messages nothing routed.
+        self.events: dict[str, set[Callable[..., Any]]] = defaultdict(set)
         self.db = connection.connect_db()
         connection.ensure_schema(self.db, self.schema)
         self._pending_acks: list[tuple[int, str]] = []
@@ -179,37 +170,69 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     def create_publish_batch(self, max_size: int) -> PublishBatch:
         return PublishBatch(self, max_size)
 
-    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        batch = kwargs.pop("_publish_batch", None)
-        if batch is not None:
-            batch.add(queue, message)
-        else:
-            self.insert([(queue, message)])
+    def basic_publish(
+        self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any
+    ) -> None:
+        """A message for a queue (no exchange), or for every queue bound to ``routing_key``
+        on ``exchange`` (the routing happens in the INSERT, from the subscriptions table)."""
+        if not exchange:
+            super().basic_publish(message, exchange, routing_key, **kwargs)
+            return
+        self._inplace_augment_message(message, exchange, routing_key)
+        self._send((exchange, routing_key, message), kwargs.pop("_publish_batch", None))
 
-    def insert(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """Insert messages in one statement (one commit), then wake their consumers."""
-        queues, bodies, headers, properties, delays = [], [], [], [], []
-        for queue, message in rows:
-            body = message["body"]
-            props = dict(message.get("properties") or {})
-            props["content-type"] = message.get("content-type")
-            props["content-encoding"] = message.get("content-encoding")
-            head = message.get("headers") or {}
-            queues.append(queue)
-            bodies.append(body if isinstance(body, bytes) else str(body).encode("utf-8"))
-            headers.append(json.dumps(head))
-            properties.append(json.dumps(props))
-            delays.append(float(head.get("x-delay") or 0) / 1000.0)
-        self.db.execute(
-            sql.SQL(
-                "INSERT INTO {} (queue, body, headers, properties, visible_at) "
-                "SELECT q, b, h::jsonb, p::jsonb, now() + d * interval '1 second' "
-                "FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::text[], %s::float8[]) "
-                "AS m(q, b, h, p, d)"
-            ).format(self.table),
-            (queues, bodies, headers, properties, delays),
-        )
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        self._send(("", queue, message), kwargs.pop("_publish_batch", None))
+
+    def _send(self, row: Outgoing, batch: PublishBatch | None) -> None:
+        if batch is not None:
+            batch.add(row)
+        else:
+            self.insert([row])
+
+    def insert(self, rows: Sequence[Outgoing]) -> None:
+        """Insert messages in one statement (one commit), then wake their consumers; a
+        message sent to an exchange that no queue is bound to goes to ``basic_return``."""
+        columns = columns_of(rows)
+        queues, unrouted = self.bindings.insert(self.db, columns)
         self.connection.notify(self.db, self.schema, queues)
+        for n in unrouted:
+            self._return(*rows[n], columns[2][n])
+
+    def _return(
+        self, exchange: str, routing_key: str, message: dict[str, Any], body: bytes
+    ) -> None:
+        """Tell the producers that nothing is bound to ``routing_key`` on ``exchange``."""
+        callbacks = self.events["basic_return"]
+        if not callbacks:
+            logger.debug("no queue bound to %r on %r: message dropped", routing_key, exchange)
+        returned = ReturnedMessage(dict(message.get("properties") or {}), body)
+        reason = f"NO_ROUTE - no queue bound to {routing_key!r} on {exchange!r}"
+        for callback in list(callbacks):
+            callback(LookupError(reason), exchange, routing_key, returned)
+
+    # -- bindings --------------------------------------------------------------
+
+    def queue_bind(
+        self,
+        queue: str,
+        exchange: str | None = None,
+        routing_key: str = "",
+        arguments: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Bind ``queue`` to ``routing_key`` on ``exchange``: a row, kept by the broker."""
+        self.bindings.bind(self.db, exchange or DEFAULT_EXCHANGE, routing_key, queue)
+
+    def queue_unbind(
+        self,
+        queue: str,
+        exchange: str | None = None,
+        routing_key: str = "",
+        arguments: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.bindings.unbind(self.db, exchange or DEFAULT_EXCHANGE, routing_key, queue)
 
     # -- consuming -----------------------------------------------------------
 
@@ -402,7 +425,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         return cursor.rowcount
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        """Delete the queue: its messages and its bindings."""
         self.db.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(self.table), (queue,))
+        self.bindings.unbind_queue(self.db, queue)
 
     def queue_delete(
         self, queue: str, if_unused: bool = False, if_empty: bool = False, **kw: Any
@@ -469,16 +494,19 @@ class Transport(virtual.Transport):  # type: ignore[misc]
     def ensure_schema(self, db: psycopg.Connection[Any], schema: str) -> None:
         if schema in self._schemas_ready:
             return
-        table = sql.Identifier(schema, "messages")
-        exists = db.execute("SELECT to_regclass(%s)", (f"{schema}.messages",)).fetchone()
+        exists = db.execute(
+            "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+            (f"{schema}.messages", f"{schema}.subscriptions"),
+        ).fetchone()
         if not (exists and exists[0]):
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
                 db.execute(
-                    sql.SQL(_DDL).format(
+                    sql.SQL(_DDL + SUBSCRIPTIONS_DDL).format(
                         schema=sql.Identifier(schema),
-                        table=table,
+                        table=sql.Identifier(schema, "messages"),
                         index=sql.Identifier("messages_ready"),
+                        subscriptions=sql.Identifier(schema, "subscriptions"),
                     )
                 )
         self._schemas_ready.add(schema)

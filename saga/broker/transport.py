@@ -7,18 +7,29 @@ transports (Redis, memory, PostgreSQL) put the message straight on the
 queue, with no binding table that a Redis restart could wipe.
 Both the relay and consumers declare the queues they use, idempotently, on
 every connect.
+
+Events have no destination: they go to one durable ``direct`` exchange,
+``<queue_prefix>events``, with the event's type as routing key. Each subscribing
+service's queue is bound to it once per event type it subscribes to; consumers
+declare the exchange and their bindings on every connect (the relay declares the
+exchange too, before it publishes an event). RabbitMQ keeps bindings with the
+queues; the PostgreSQL transport keeps them in a table of its own. Redis is
+commands only (:func:`check_events_supported`): its bindings live in keys that a
+restart of a Redis without persistence wipes, and a publish that finds no binding
+is dropped silently, so an event could be lost with no trace.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kombu import Connection, Queue
+from kombu import Connection, Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 
 from saga.db.sql import validate_name
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, EventsNotSupported
 from saga.observability.redaction import redact_url
 
 SUPPORTED_SCHEMES = (
@@ -55,6 +66,49 @@ class Topology:
             auto_delete=False,
             queue_arguments=self.queue_arguments or None,
         )
+
+    @property
+    def events_exchange_name(self) -> str:
+        """The exchange every event is published to, its type the routing key."""
+        return self.queue_prefix + "events"
+
+    def events_exchange(self) -> Exchange:
+        return Exchange(self.events_exchange_name, type="direct", durable=True, auto_delete=False)
+
+
+#: kombu driver types whose bindings are shared by every process and outlive a restart
+#: (``memory``: one process's, for tests).
+EVENT_DRIVERS = ("amqp", "postgresql", "memory")
+
+
+def check_events_supported(connection: Connection, what: str) -> None:
+    """Raise :class:`EventsNotSupported` when ``connection``'s broker cannot carry events."""
+    driver = connection.transport.driver_type
+    if driver not in EVENT_DRIVERS:
+        raise EventsNotSupported(
+            f"{what}: events need RabbitMQ or the PostgreSQL broker; on {driver}, kombu keeps "
+            "the bindings in keys that a restart can wipe and drops a publish that finds no "
+            "binding without a word, so an event could be lost with no trace. Use Redis for "
+            "commands only (see docs/events.md)."
+        )
+
+
+def declare_subscriptions(
+    channel: object,
+    topology: Topology,
+    destination: str,
+    event_types: Sequence[str],
+    dropped: Sequence[str] = (),
+) -> None:
+    """Declare the events exchange and bind ``destination``'s queue to each event type
+    (idempotent: run on every connect); unbind it from the ``dropped`` ones."""
+    exchange = topology.events_exchange()
+    exchange(channel).declare()
+    queue = topology.queue(destination)(channel)
+    for event_type in event_types:
+        queue.bind_to(exchange, routing_key=event_type)
+    for event_type in dropped:
+        queue.unbind_from(exchange, routing_key=event_type)
 
 
 #: Seconds between AMQP heartbeats unless configured.

@@ -18,6 +18,7 @@ from saga.cli import (
     sagas,
     signal,
     stats,
+    subscriptions,
     versions,
 )
 from saga.cli.common import err_console
@@ -38,6 +39,7 @@ app.command("list")(sagas.list_sagas)
 app.command("show")(sagas.show_saga)
 app.command("cancel")(cancel.cancel_saga)
 app.command("stats")(stats.stats)
+app.command("subscriptions")(subscriptions.subscriptions)
 app.command("resume")(resume.resume)
 app.command("signal")(signal.signal)
 app.command("versions")(versions.versions)

@@ -1,5 +1,6 @@
-"""``saga stats``: counts, durations, oldest running and stuck sagas; with a PostgreSQL
-broker, the depth of its queues and the age of their oldest message."""
+"""``saga stats``: counts, durations, oldest running and stuck sagas, events published that
+no service subscribes to; with a PostgreSQL broker, the depth of its queues and the age of
+their oldest message."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from saga.cli.common import (
 from saga.cli.durations import parse_duration
 from saga.engine.state import SagaStatus
 from saga.errors import DatabaseUnavailable
+from saga.messaging.events import UnroutedEvents
 from saga.observability.redaction import password_of, redact_text
 from saga.operations.stats import BrokerQueue, broker_queues, collect
 from saga.settings import Settings
@@ -55,8 +57,9 @@ def stats(
     broker_url: BrokerUrlOption = None,
     schema: SchemaOption = None,
 ) -> None:
-    """Counts by name and status, p50/p95 durations, oldest running, stuck sagas; queue
-    depth and oldest message's age when the broker is PostgreSQL."""
+    """Counts by name and status, p50/p95 durations, oldest running, stuck sagas, events
+    published with no subscriber; queue depth and oldest message's age when the broker is
+    PostgreSQL."""
     settings = settings_from(database_url=database_url, broker_url=broker_url, schema=schema)
     window_td, stuck_td = parse_duration(window), parse_duration(stuck_after)
     assert window_td is not None and stuck_td is not None
@@ -73,6 +76,14 @@ def stats(
                 {**s, "id": str(s["id"]), "updated_at": s["updated_at"].isoformat()}
                 for s in figures.stuck
             ],
+            "unrouted_events": {
+                u.message_type: {
+                    "events": u.events,
+                    "first_at": u.first_at.isoformat(),
+                    "last_at": u.last_at.isoformat(),
+                }
+                for u in figures.unrouted_events
+            },
         }
         if queues is not None:
             document["broker_queues"] = {name: asdict(q) for name, q in queues.items()}
@@ -100,6 +111,8 @@ def stats(
     console.print(f"[{style}]{figures.stuck_count} stuck (no progress for {stuck_after})")
     for s in figures.stuck:
         console.print(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}")
+    if figures.unrouted_events:
+        _print_unrouted(figures.unrouted_events)
     if queues is not None:
         _print_queues(queues)
 
@@ -112,5 +125,17 @@ def _print_queues(queues: dict[str, BrokerQueue]) -> None:
         table.add_row(
             name, f"{q.depth:,}", f"{q.ready:,}", f"{q.in_flight:,}", f"{q.delayed:,}",
             f"{q.oldest_age_s:.1f}s",
+        )  # fmt: skip
+    print_table(table)
+
+
+def _print_unrouted(unrouted: list[UnroutedEvents]) -> None:
+    table = Table(title="events published with no subscriber (delivered to nobody)")
+    for column in ("event", "events", "first", "last"):
+        table.add_column(column, justify="left" if column == "event" else "right")
+    for u in unrouted:
+        table.add_row(
+            u.message_type, f"{u.events:,}", f"{u.first_at:%Y-%m-%d %H:%M:%S}",
+            f"{u.last_at:%Y-%m-%d %H:%M:%S}",
         )  # fmt: skip
     print_table(table)

@@ -90,6 +90,15 @@ class SagaBatch:
             self._read[saga_id] = record
         return replace(record, completed_steps=list(record.completed_steps))
 
+    def waiting_for_event(self, event_type: str, keys: Sequence[str]) -> list[UUID]:
+        """The sagas this batch read that wait for ``event_type`` under one of ``keys`` (a
+        delivery earlier in the batch may have begun the wait: not yet written)."""
+        return [
+            saga_id
+            for saga_id, record in self._read.items()
+            if record.waiting_for == event_type and record.wait_key in keys
+        ]
+
     def stage(self, result: TransitionResult, saga_name: str, metrics: Metrics | None) -> None:
         """Keep what one transition decided, to be written by :meth:`flush`."""
         record = result.record

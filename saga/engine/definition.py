@@ -17,17 +17,19 @@ saga is registered), not when a saga instance first reaches them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar, cast, get_type_hints
+from typing import Any, Generic, Protocol, TypeVar
 from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.db.sql import Tx, validate_name
+from saga.engine.builders import CommandBuilder, FieldsBuilder, as_builder, message_class
 from saga.engine.saga_data import check_storable
 from saga.errors import ConfigurationError
+from saga.messaging.envelope import message_type_of
 
 D = TypeVar("D", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -39,9 +41,10 @@ RETRY = "retry"
 HOLD = "hold"
 DEFAULT_MAX_DATA_BYTES = 64 * 1024
 LocalAction = Callable[[Tx, Any], BaseModel | None]
-CommandBuilder = Callable[[Any], BaseModel]
 ReplyHandler = Callable[[Any, Any], BaseModel]
 Condition = Callable[[Any], bool]
+#: A key out of saga data or an event (compared as text).
+KeyOf = Callable[[Any], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,10 @@ class WaitStep:
     None); raising :class:`~saga.errors.StepFailed` compensates, or, after the
     pivot, refuses the event and keeps waiting. On timeout the saga compensates,
     or jumps to the step named by ``on_timeout``.
+
+    With ``correlate`` the wait is for a published event (``payload`` is its class):
+    the saga waits under the key ``correlate(data)``, and an event whose
+    ``event_key(event)`` is that key ends the wait (a signal still does too).
     """
 
     name: str
@@ -116,8 +123,28 @@ class WaitStep:
     pivot: bool = False
     retry: StepRetry | None = None
     compensation: None = None
+    correlate: KeyOf | None = None
+    event_key: KeyOf | None = None
 
     kind = "wait"
+
+    def key_of_data(self, data: BaseModel) -> str | None:
+        """The key this wait is under for ``data``; None for a wait that no event ends."""
+        return _key(self.correlate, data, f"correlate of wait step {self.name!r}")
+
+    def key_of_event(self, event: BaseModel) -> str | None:
+        """The key ``event`` carries for this wait (None when it waits for no event)."""
+        return _key(self.event_key, event, f"event_key of wait step {self.name!r}")
+
+
+def _key(key_of: KeyOf | None, value: BaseModel, what: str) -> str | None:
+    """``key_of(value)`` as text: keys compare as text, whatever type they have."""
+    if key_of is None:
+        return None
+    key = key_of(value)
+    if key is None or key == "":
+        raise ConfigurationError(f"{what} gave no key for {type(value).__name__} {value!r}")
+    return str(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,12 +301,12 @@ class Saga(Generic[D]):
         self.steps.append(
             RemoteStep(
                 name=name,
-                command=_builder(command),
+                command=as_builder(command),
                 service=service,
-                command_type=_message_type(command),
+                command_type=message_class(command),
                 reply=reply,
                 on_reply=on_reply,
-                compensation=_builder(compensate) if compensate is not None else None,
+                compensation=as_builder(compensate) if compensate is not None else None,
                 compensation_service=compensate_service,
                 when=when,
                 pivot=pivot,
@@ -294,15 +321,42 @@ class Saga(Generic[D]):
         self,
         name: str,
         *,
-        event: str,
-        payload: type[R],
+        event: str | type[R],
+        payload: type[R] | None = None,
         timeout: timedelta | None = None,
         on_event: Callable[[D, R], D] | None = None,
         on_timeout: str = COMPENSATE,
         when: Callable[[D], bool] | None = None,
+        correlate: Callable[[D], object] | None = None,
+        event_key: str | Callable[[R], object] | None = None,
     ) -> None:
-        """A step that waits for ``event`` (its data validated as ``payload``)."""
-        self.steps.append(WaitStep(name, event, payload, timeout, on_event, on_timeout, when))
+        """A step that waits for ``event``: a name (``saga signal``; its data validated as
+        ``payload``), or a published event's class, with ``correlate`` (the key in the saga's
+        data) and ``event_key`` (the field of the event, or a function of it, that carries
+        the key): the first such event with this saga's key ends the wait.
+
+        The saga's home service subscribes to the event. One that comes before the saga
+        waits for it is kept (``early_events``) and ends the wait as soon as it begins.
+        """
+        if isinstance(event, type):
+            if correlate is None or event_key is None:
+                raise ConfigurationError(
+                    f"wait step {name!r} waits for the published event {event.__name__}: say "
+                    "which one with correlate= (the key in the saga data) and event_key= "
+                    "(the event's field, or a function of the event, that carries it)"
+                )
+            payload, event_name = event, message_type_of(event)
+        elif correlate is not None or event_key is not None:
+            raise ConfigurationError(
+                f"wait step {name!r}: correlate= and event_key= need a published event's "
+                f"class as event=, not the signal name {event!r}"
+            )
+        elif payload is None:
+            raise ConfigurationError(f"wait step {name!r}: give payload= for signal {event!r}")
+        else:
+            event_name = event
+        step = WaitStep(name, event_name, payload, timeout, on_event, on_timeout, when)
+        self.steps.append(replace(step, correlate=correlate, event_key=_key_of(event_key)))
 
     def migrate_from(self, version: int, *, unless_passed: str) -> None:
         """Move running sagas of ``version`` to this one, except those past ``unless_passed``.
@@ -517,42 +571,9 @@ class Saga(Generic[D]):
         return []
 
 
-class FieldsBuilder:
-    """A message class built from the saga data's fields of the same names."""
-
-    def __init__(self, model: type[BaseModel]) -> None:
-        self.model = model
-        self.__qualname__ = f"{model.__name__}.from_saga_data"
-
-    def __call__(self, data: BaseModel) -> BaseModel:
-        return self.model.model_validate(data.model_dump())
-
-    def missing_fields(self, data_model: type[BaseModel]) -> list[str]:
-        """The message's required fields that ``data_model`` has no field for."""
-        available = set(data_model.model_fields)
-        return [
-            field.alias or name
-            for name, field in self.model.model_fields.items()
-            if field.is_required() and (field.alias or name) not in available
-        ]
-
-
-def _builder(command: CommandBuilder | type[BaseModel]) -> CommandBuilder:
-    if isinstance(command, type) and issubclass(command, BaseModel):
-        return FieldsBuilder(command)
-    if not callable(command):
-        raise ConfigurationError(f"command must be a message class or a function, got {command!r}")
-    return cast(CommandBuilder, command)
-
-
-def _message_type(command: object) -> type[BaseModel] | None:
-    if isinstance(command, type) and issubclass(command, BaseModel):
-        return command
-    try:
-        hints = get_type_hints(command)
-    except Exception:
-        return None
-    returned = hints.get("return")
-    if isinstance(returned, type) and issubclass(returned, BaseModel):
-        return returned
-    return None
+def _key_of(event_key: str | KeyOf | None) -> KeyOf | None:
+    """An ``event_key``: a field name becomes a function reading that field."""
+    if isinstance(event_key, str):
+        field_name = event_key
+        return lambda event: getattr(event, field_name, None)
+    return event_key

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga.engine.batch import SagaBatch
 from saga.engine.definition import LocalAction, Saga
+from saga.engine.event_waits import EventDelivery, EventWaits
 from saga.engine.home import SagaHome
 from saga.engine.outcomes import LocalOutcome
 from saga.engine.routing import (
@@ -74,6 +75,9 @@ class Orchestrator:
         self.definitions = definitions
         self.store = home.store
         self.async_store = AsyncSagaStore(self.store)
+        #: published events, to the sagas waiting for them (or kept for those that will)
+        self.events = EventDelivery(EventWaits(home.schema), self._read, self._definition,
+                                    self._signalled)  # fmt: skip
         #: What time it is for the sagas' transitions and step log (saga.testing's virtual
         #: clock replaces it; the timers themselves are delayed outbox rows).
         self.clock: Callable[[], datetime] = now
@@ -109,6 +113,8 @@ class Orchestrator:
                 if not self.store.insert(tx, result.record, fingerprint):
                     raise IdempotencyKeyTaken
                 self.home.persist(tx, None, result.log, result.outgoing, result.dead_letters)
+                if result.started_wait is not None:
+                    self.events.deliver_early(tx, result.record, result.started_wait, None, None)
         except IdempotencyKeyTaken:
             assert idempotency_key is not None
             existing = self.store.find_by_key(tx, saga.name, idempotency_key)
@@ -200,15 +206,7 @@ class Orchestrator:
         batch: SagaBatch | None = None,
     ) -> None:
         record = self._load(tx, signal.saga_id, batch)
-        with self._transition(tx, self._definition(record), record, None, batch) as run:
-            try:
-                refused = run.on_signal(signal)
-            except ValidationError as exc:
-                refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
-            if not refused:
-                self._apply(tx, run, metrics, batch)
-        if refused:
-            self._ignored(tx, record, f"signal {signal.event}", refused, batch)
+        self._signalled(tx, record, signal, "signal", metrics, batch)
 
     def on_wait_timeout(
         self,
@@ -404,6 +402,26 @@ class Orchestrator:
             )
         return record
 
+    def _signalled(
+        self,
+        tx: psycopg.Connection[Any],
+        record: SagaRecord,
+        signal: Signal,
+        what: str,
+        metrics: Metrics | None,
+        batch: SagaBatch | None,
+    ) -> None:
+        """Apply ``signal`` (a signal, or a published event as one), or record why not."""
+        with self._transition(tx, self._definition(record), record, None, batch) as run:
+            try:
+                refused = run.on_signal(signal)
+            except ValidationError as exc:
+                refused = f"invalid {signal.event} data: {exc.errors(include_url=False)[:3]}"
+            if not refused:
+                self._apply(tx, run, metrics, batch)
+        if refused:
+            self._ignored(tx, record, f"{what} {signal.event}", refused, batch)
+
     def _definition(self, record: SagaRecord) -> Saga[Any]:
         """The definition ``record`` runs under (its name and version)."""
         return self.definitions(record.name, record.saga_version)
@@ -443,10 +461,12 @@ class Orchestrator:
         result = transition.result()
         if batch is not None:
             batch.stage(result, transition.saga.name, metrics)
-            return
-        self.home.persist(tx, result.record, result.log, result.outgoing, result.dead_letters)
-        if metrics is not None and result.ended is not None:
-            metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
+        else:
+            self.home.persist(tx, result.record, result.log, result.outgoing, result.dead_letters)
+            if metrics is not None and result.ended is not None:
+                metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
+        if result.started_wait is not None:
+            self.events.deliver_early(tx, result.record, result.started_wait, metrics, batch)
 
 
 def now() -> datetime:

@@ -51,6 +51,9 @@ class TransitionResult:
     dead_letters: list[DeadLetter]
     #: The status the saga reached when it finished or stopped for an operator here.
     ended: SagaStatus | None
+    #: (event type, key) when the saga began to wait for a published event here: one
+    #: that came before may be waiting for it (the caller looks, and delivers it).
+    started_wait: tuple[str, str] | None = None
 
 
 def stopped_saga_letter(

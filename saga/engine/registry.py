@@ -83,6 +83,8 @@ class SagaRegistry:
         }
         built_in: list[type[BaseModel]] = [Ack, FailureReply, *self._internal]
         self._reply_types: dict[str, type[BaseModel]] = {message_type_of(m): m for m in built_in}
+        #: published event type -> its class and the wait steps (of any saga) waiting for it
+        self._events: dict[str, tuple[type[BaseModel], list[WaitStep]]] = {}
         self.orchestrator: Orchestrator = Orchestrator(self.home, self.definition)
         self._service: Service | None = None
 
@@ -102,7 +104,7 @@ class SagaRegistry:
         replies = [s.reply for s in saga.steps if isinstance(s, RemoteStep) and s.reply]
         for reply in replies:
             name = message_type_of(reply)
-            known = self._reply_types.get(name)
+            known = self._reply_types.get(name) or self._events.get(name, (None,))[0]
             if known is not None and known is not reply:
                 raise ConfigurationError(
                     f"reply type name {name!r} is used by two classes ({known!r} and {reply!r}); "
@@ -110,12 +112,32 @@ class SagaRegistry:
                 )
         for reply in replies:
             self._reply_types[message_type_of(reply)] = reply
+        self._add_event_waits(saga)
         for other in versions.values():
             newer, older = (saga, other) if saga.version > other.version else (other, saga)
             newer.validate_migration(older)
         versions[saga.version] = saga
         saga.registry = self
         return saga
+
+    def _add_event_waits(self, saga: Saga[Any]) -> None:
+        """Subscribe (when the service starts) to the events ``saga``'s wait steps wait for."""
+        waits = [s for s in saga.steps if isinstance(s, WaitStep) and s.correlate is not None]
+        for step in waits:
+            event_class, steps = self._events.setdefault(step.event, (step.payload, []))
+            clash = self._reply_types.get(step.event)
+            if event_class is not step.payload or clash is not None:
+                other = clash or event_class
+                raise ConfigurationError(
+                    f"saga {saga.name!r} step {step.name!r} waits for the event {step.event!r}, "
+                    f"a name {other!r} uses too; set message_type on one of them"
+                )
+            steps.append(step)
+
+    @property
+    def awaited_events(self) -> list[str]:
+        """The published events the registered sagas wait for (the service subscribes)."""
+        return sorted(self._events)
 
     def definition(self, name: str, version: int | None = None) -> Saga[Any]:
         """The registered saga ``name`` at ``version`` (the newest when None)."""
@@ -327,6 +349,8 @@ class SagaRegistry:
             for message_class in self._reply_types.values():
                 handler = self._internal.get(message_class, self._on_reply)
                 service.add_handler(message_class, handler)
+            for event_class, _ in self._events.values():
+                service.add_subscription(event_class, self._on_event)
             service.on_connect(self.check_versions)
             service.batch_writing = SagaBatches(self.home)
             service.schema = self.schema
@@ -351,6 +375,10 @@ class SagaRegistry:
 
     def _on_signal(self, tx: psycopg.Connection[Any], signal: Signal, ctx: HandlerContext) -> None:
         self.orchestrator.on_signal(tx, signal, ctx.metrics, _batch(ctx))
+
+    def _on_event(self, tx: psycopg.Connection[Any], event: BaseModel, ctx: HandlerContext) -> None:
+        waits = self._events[ctx.envelope.type][1]
+        self.orchestrator.events.on_event(tx, event, ctx.envelope, waits, ctx.metrics, _batch(ctx))
 
     def _on_wait_timeout(
         self, tx: psycopg.Connection[Any], timeout: WaitTimeout, ctx: HandlerContext

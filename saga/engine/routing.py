@@ -33,6 +33,13 @@ def wait_timeout_applies(record: SagaRecord, envelope: Envelope) -> bool:
     return awaits(record, envelope.message_id) and record.waiting_for is not None
 
 
+def awaits_event(record: SagaRecord, event_type: str, key: str | None) -> bool:
+    """True when the saga waits for the published ``event_type`` under ``key`` (the key the
+    event carries for the saga's current wait step)."""
+    waiting = record.status is SagaStatus.RUNNING and record.waiting_for == event_type
+    return waiting and key is not None and record.wait_key == key
+
+
 def deadline_applies(record: SagaRecord, deadline: StepDeadline) -> bool:
     """True when ``deadline`` passed while its step's reply is still awaited."""
     return record.status is SagaStatus.RUNNING and awaits(record, deadline.awaited)

@@ -81,6 +81,7 @@ class SagaRecord:
     wait_schema: dict[str, Any] | None = None
     wait_deadline: datetime | None = None
     failed_step: str | None = None  # the forward step whose failure made it compensate
+    wait_key: str | None = None  # the key of the published event it waits for
 
     @classmethod
     def new(

@@ -18,7 +18,7 @@ from saga.errors import ConcurrentUpdate
 _COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
     version, started_at, updated_at, step_started_at, finished_at, waiting_for, wait_schema,
-    wait_deadline, failed_step"""
+    wait_deadline, failed_step, wait_key"""
 
 #: A new saga, written as its first transition left it (one statement per start).
 _INSERT = """
@@ -26,8 +26,8 @@ INSERT INTO {schema}.saga_instances
     (id, name, saga_version, service, idempotency_key, idempotency_fingerprint, status, step,
      data, completed_steps, pending_message_id, step_attempt, cancel_requested, pivot_reached,
      last_error, step_started_at, waiting_for, wait_schema, wait_deadline, failed_step,
-     finished_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+     wait_key, finished_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
         CASE WHEN %s THEN now() END)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
@@ -44,7 +44,8 @@ UPDATE {schema}.saga_instances SET
     status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
     step_attempt = %s, cancel_requested = %s, pivot_reached = %s, last_error = %s,
     step_started_at = %s, waiting_for = %s, wait_schema = %s, wait_deadline = %s,
-    failed_step = %s, finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
+    failed_step = %s, wait_key = %s,
+    finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
 RETURNING version
@@ -60,14 +61,14 @@ UPDATE {schema}.saga_instances AS s SET
     cancel_requested = v.cancel_requested, pivot_reached = v.pivot_reached,
     last_error = v.last_error, step_started_at = v.step_started_at,
     waiting_for = v.waiting_for, wait_schema = v.wait_schema, wait_deadline = v.wait_deadline,
-    failed_step = v.failed_step,
+    failed_step = v.failed_step, wait_key = v.wait_key,
     finished_at = CASE WHEN v.ended THEN coalesce(s.finished_at, now()) ELSE NULL END,
     updated_at = now(), version = s.version + 1
 FROM jsonb_to_recordset(%s) AS v(
     id uuid, version bigint, status text, step text, data jsonb, completed_steps text[],
     pending_message_id uuid, step_attempt int, cancel_requested boolean, pivot_reached boolean,
     last_error text, step_started_at timestamptz, waiting_for text, wait_schema jsonb,
-    wait_deadline timestamptz, failed_step text, ended boolean)
+    wait_deadline timestamptz, failed_step text, wait_key text, ended boolean)
 WHERE s.id = v.id AND s.version = v.version
 RETURNING s.id
 """
@@ -443,6 +444,7 @@ def _state_params(record: SagaRecord) -> tuple[Any, ...]:
         Jsonb(record.wait_schema) if record.wait_schema is not None else None,
         record.wait_deadline,
         record.failed_step,
+        record.wait_key,
         record.status.finished or record.status.needs_operator,
     )
 
@@ -477,6 +479,7 @@ def _record(row: Sequence[Any]) -> SagaRecord:
         wait_schema=row[20],
         wait_deadline=row[21],
         failed_step=row[22],
+        wait_key=row[23],
     )
 
 
@@ -499,6 +502,7 @@ def _row_document(record: SagaRecord) -> dict[str, Any]:
         "wait_schema": record.wait_schema,
         "wait_deadline": _text(record.wait_deadline),
         "failed_step": record.failed_step,
+        "wait_key": record.wait_key,
         "ended": record.status.finished or record.status.needs_operator,
     }
 

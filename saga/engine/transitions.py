@@ -92,6 +92,7 @@ class Transition:
         self.log: list[StepLogEntry] = []
         self.outgoing: list[OutgoingMessage] = []
         self.dead_letters: list[DeadLetter] = []
+        self.started_wait: tuple[str, str] | None = None  # a wait for (event type, key) begun
 
     # -- events --------------------------------------------------------------
 
@@ -192,6 +193,9 @@ class Transition:
         record.step_started_at = self.at
         record.waiting_for = step.event
         record.wait_schema = _schema(step.payload)
+        if (key := step.key_of_data(self.data)) is not None:  # an early event may end it now
+            self.started_wait = (step.event, key)
+        record.wait_key = key
         if step.timeout is None:
             record.pending_message_id = self.new_id()  # only a signal will end this wait
             record.wait_deadline = None
@@ -206,6 +210,7 @@ class Transition:
     def _end_wait(self) -> None:
         self.record.waiting_for = None
         self.record.wait_schema = None
+        self.record.wait_key = None
         self.record.wait_deadline = None
 
     def on_signal(self, signal: Signal) -> str | None:
@@ -591,7 +596,9 @@ class Transition:
         status = self.record.status
         changed = status != self.initial_status
         ended = status if changed and (status.finished or status.needs_operator) else None
-        return TransitionResult(self.record, self.log, self.outgoing, self.dead_letters, ended)
+        return TransitionResult(
+            self.record, self.log, self.outgoing, self.dead_letters, ended, self.started_wait
+        )
 
 
 def _holds_dead_letters(step: Step) -> bool:

@@ -23,8 +23,9 @@ from saga.observability.metrics import Metrics
 class HandlerContext:
     """Passed to every handler as its third argument.
 
-    Messages sent with :meth:`send` are written to the outbox in the same
-    transaction as the handler's own writes, when the handler returns.
+    Messages sent with :meth:`send` and events published with :meth:`publish` are
+    written to the outbox in the same transaction as the handler's own writes, when
+    the handler returns.
     """
 
     def __init__(
@@ -107,7 +108,15 @@ class HandlerContext:
         reply_to: str | None = None,
     ) -> UUID:
         """Send ``message`` to service ``to``, caused by (and correlated with) this delivery."""
-        envelope = Envelope.wrap(
+        envelope = self._caused(message, headers=headers, reply_to=reply_to)
+        self.outgoing.append(OutgoingMessage(envelope, to, deliver_after))
+        return envelope.message_id
+
+    def _caused(
+        self, message: BaseModel, *, headers: dict[str, str] | None, reply_to: str | None = None
+    ) -> Envelope:
+        """A new envelope for ``message``, caused by this delivery and in its conversation."""
+        return Envelope.wrap(
             message,
             saga_id=self.envelope.saga_id,
             correlation_id=self.envelope.correlation_id,
@@ -115,7 +124,18 @@ class HandlerContext:
             reply_to=reply_to,
             headers=headers,
         )
-        self.outgoing.append(OutgoingMessage(envelope, to, deliver_after))
+
+    def publish(
+        self,
+        event: BaseModel,
+        *,
+        deliver_after: datetime | timedelta | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> UUID:
+        """Publish ``event`` to every service subscribing to its type, caused by (and
+        correlated with) this delivery; it leaves only if the handler's transaction commits."""
+        envelope = self._caused(event, headers=headers)
+        self.outgoing.append(OutgoingMessage(envelope, None, deliver_after))
         return envelope.message_id
 
     def reply(self, message: BaseModel) -> UUID | None:

@@ -1,4 +1,9 @@
-"""A service: a named set of handlers, one per message type, run by ``saga consume``."""
+"""A service: a named set of handlers, one per message type, run by ``saga consume``.
+
+Commands come to the service by name (its queue). Events come to every service that
+subscribes to their type: ``@service.subscribe(OrderApproved)`` registers the handler and
+binds the service's queue to the event, so each subscriber gets its own copy.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ class Service:
         self.name = validate_name(name, "service name")
         self.retry = retry or RetryPolicy()
         self._handlers: dict[str, HandlerSpec] = {}
+        self._subscribed: set[str] = set()
         self.connect_hooks: list[Callable[[psycopg.Connection[Any]], None]] = []
         #: Set by a service that stages a batch's writes and writes them at once.
         self.batch_writing: BatchWriting | None = None
@@ -60,7 +66,8 @@ class Service:
         self.schema: str | None = None
 
     def __repr__(self) -> str:
-        return f"Service({self.name!r}, handlers={sorted(self._handlers)})"
+        events = f", subscriptions={self.subscriptions}" if self._subscribed else ""
+        return f"Service({self.name!r}, handlers={sorted(self._handlers)}{events})"
 
     def handler(
         self, message_class: type[M], *, retry: RetryPolicy | None = None
@@ -72,6 +79,30 @@ class Service:
             return func
 
         return register
+
+    def subscribe(
+        self, event_class: type[M], *, retry: RetryPolicy | None = None
+    ) -> Callable[[F], F]:
+        """Decorator: handle every published ``event_class`` event (``outbox.publish``,
+        ``ctx.publish``), in this service's own transaction, once.
+
+        The service's queue is bound to the event's type whenever a worker connects; it
+        receives the events published from then on (not those published before its first
+        connection). A subscriber's handler returns None: nobody waits for a reply.
+        """
+
+        def register(func: F) -> F:
+            self.add_subscription(event_class, func, retry=retry)
+            return func
+
+        return register
+
+    def add_subscription(
+        self, event_class: type[BaseModel], func: Handler, *, retry: RetryPolicy | None = None
+    ) -> None:
+        """:meth:`subscribe` as a call: ``func`` handles the events of ``event_class``."""
+        self.add_handler(event_class, func, retry=retry)
+        self._subscribed.add(message_type_of(event_class))
 
     def add_handler(
         self,
@@ -105,3 +136,8 @@ class Service:
     @property
     def message_types(self) -> list[str]:
         return sorted(self._handlers)
+
+    @property
+    def subscriptions(self) -> list[str]:
+        """The event types this service subscribes to (its queue's bindings)."""
+        return sorted(self._subscribed)

@@ -4,6 +4,8 @@
 commits; the message leaves only if the caller's transaction commits. The
 relay (``saga relay``) later publishes the row and deletes it.
 ``Outbox.add_async`` is the same write on a ``psycopg.AsyncConnection``.
+``Outbox.publish`` (and ``publish_async``) writes an event: a row with no
+destination, which the relay publishes to every service subscribing to its type.
 """
 
 from __future__ import annotations
@@ -75,11 +77,16 @@ def collect_written() -> Iterator[list[int]]:
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
-    """One envelope bound for one destination, ready to be inserted."""
+    """One envelope bound for one destination (None: an event, for every subscriber of
+    its type), ready to be inserted."""
 
     envelope: Envelope
-    destination: str
+    destination: str | None
     deliver_after: Delay = None
+
+    @property
+    def is_event(self) -> bool:
+        return self.destination is None
 
 
 def wake_channel(schema: str) -> str:
@@ -157,9 +164,7 @@ class Outbox:
         start) holds the message back until then. Returns the message id.
         On a :class:`psycopg.AsyncConnection`, use :meth:`add_async`.
         """
-        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
-        self.add_many(conn, [outgoing])
-        return outgoing.envelope.message_id
+        return self._write(conn, message, destination, deliver_after, envelope_fields)
 
     async def add_async(
         self,
@@ -171,6 +176,57 @@ class Outbox:
         **envelope_fields: Any,
     ) -> UUID:
         """:meth:`add` on an :class:`psycopg.AsyncConnection`: the same row, the same rules."""
+        return await self._write_async(conn, message, destination, deliver_after, envelope_fields)
+
+    def publish(
+        self,
+        conn: psycopg.Connection[Any],
+        event: BaseModel | Envelope,
+        *,
+        deliver_after: Delay = None,
+        **envelope_fields: Any,
+    ) -> UUID:
+        """Insert ``event`` in the caller's transaction, for every service that subscribes
+        to its type (``@service.subscribe``); no destination. Returns the message id.
+
+        Like :meth:`add`, it leaves only if the transaction commits. Each subscriber gets
+        its own copy in its own queue; with no subscriber, the relay counts it as unrouted
+        (``saga stats``) and drops it. On a :class:`psycopg.AsyncConnection`, use
+        :meth:`publish_async`.
+        """
+        return self._write(conn, event, None, deliver_after, envelope_fields)
+
+    async def publish_async(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        event: BaseModel | Envelope,
+        *,
+        deliver_after: Delay = None,
+        **envelope_fields: Any,
+    ) -> UUID:
+        """:meth:`publish` on an :class:`psycopg.AsyncConnection`: the same row, the same rules."""
+        return await self._write_async(conn, event, None, deliver_after, envelope_fields)
+
+    def _write(
+        self,
+        conn: psycopg.Connection[Any],
+        message: BaseModel | Envelope,
+        destination: str | None,
+        deliver_after: Delay,
+        envelope_fields: dict[str, Any],
+    ) -> UUID:
+        outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
+        self.add_many(conn, [outgoing])
+        return outgoing.envelope.message_id
+
+    async def _write_async(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        message: BaseModel | Envelope,
+        destination: str | None,
+        deliver_after: Delay,
+        envelope_fields: dict[str, Any],
+    ) -> UUID:
         outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
         await self.add_many_async(conn, [outgoing])
         return outgoing.envelope.message_id
@@ -185,7 +241,8 @@ class Outbox:
         return self.insert_rows(conn, self.rows(messages))
 
     def rows(self, messages: Sequence[OutgoingMessage]) -> list[OutboxRow]:
-        """The outbox rows of ``messages``, checked (destination, size) but not written yet."""
+        """The outbox rows of ``messages``, checked (destination, size) but not written yet
+        (an event's row has no destination)."""
         return [self._params(m) for m in messages]
 
     def insert_rows(self, conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> list[int]:
@@ -218,7 +275,7 @@ class Outbox:
     def _outgoing(
         self,
         message: BaseModel | Envelope,
-        destination: str,
+        destination: str | None,
         deliver_after: Delay,
         envelope_fields: dict[str, Any],
     ) -> OutgoingMessage:
@@ -245,7 +302,9 @@ class Outbox:
         return self._should_wake()
 
     def _params(self, message: OutgoingMessage) -> OutboxRow:
-        destination = validate_name(message.destination, "destination")
+        destination = message.destination
+        if destination is not None:
+            destination = validate_name(destination, "destination")
         body = message.envelope.to_bytes()
         if len(body) > self.max_message_bytes:
             raise MessageTooLarge(len(body), self.max_message_bytes, message.envelope.type)

@@ -93,6 +93,17 @@ class Metrics:
         self.saga_outcomes = Counter(
             "saga_outcomes", "Sagas reaching an outcome.", ["saga", "status"], registry=r
         )
+        self.events_unrouted = Counter(
+            "saga_events_unrouted",
+            "Events published that no queue subscribes to (delivered to nobody; not an error).",
+            ["event_type"],
+            registry=r,
+        )
+
+    def count_unrouted(self, event_types: list[str]) -> None:
+        """One unrouted event per item of ``event_types``."""
+        for event_type in event_types:
+            self.events_unrouted.labels(event_type).inc()
 
     def watch_database(self, database_url: str, schema: str) -> None:
         """Also report outbox, dead-letter and saga gauges read from this database."""

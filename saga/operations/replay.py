@@ -1,9 +1,11 @@
 """Replaying and purging dead letters.
 
-A replayed message goes into the service database's outbox in a transaction
-that also marks the letter replayed and records the replay, so a replay is
-all or nothing. The message keeps its ``message_id``: a consumer that already
-applied it (a replay run twice) skips it through its inbox. Its ``attempt``
+A replayed message goes into the service database's outbox in a transaction that also
+marks the letter replayed and records the replay, so a replay is all or nothing. It goes
+to the consumer that dead-lettered it (a subscriber's copy of an event to that
+subscriber alone), or to its destination; an event that no relay could publish is
+published again, to every subscriber. The message keeps its ``message_id``: a consumer
+that already applied it (a replay run twice) skips it through its inbox. Its ``attempt``
 header starts again at 1, so a fixed handler gets a full retry budget.
 
 A letter is *superseded* when the saga step it belongs to was compensated in
@@ -51,9 +53,10 @@ def outgoing_for(letter: DeadLetterRow) -> OutgoingMessage:
         raise NotReplayable(
             f"its body is not a message envelope ({letter.error_type}); purge it instead"
         ) from None
-    destination = letter.destination or letter.consumer
     replay = envelope.with_headers(**{ATTEMPT_HEADER: "1", REPLAYED_FROM_HEADER: str(letter.id)})
-    return OutgoingMessage(replay, destination)
+    if letter.reason == "unpublishable" and letter.destination is None:
+        return OutgoingMessage(replay, None)  # an event no relay could publish: publish it again
+    return OutgoingMessage(replay, letter.destination or letter.consumer)
 
 
 def _envelope(letter: DeadLetterRow) -> Envelope | None:

@@ -5,7 +5,8 @@
 - finished sagas (completed or compensated) and their step logs,
 - dead letters already replayed or purged,
 - replay history,
-- claim checks past their expiry.
+- claim checks past their expiry,
+- events kept for a saga that would wait for them (``early_events``) that none did.
 
 Each batch is its own short transaction, so pruning never holds locks that
 relays and consumers wait on for long. Sagas that need an operator, pending
@@ -75,6 +76,12 @@ DELETE FROM {schema}.claim_checks WHERE id IN (
 )
 """
 
+_EARLY_EVENTS = """
+DELETE FROM {schema}.early_events WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {schema}.early_events WHERE received_at < now() - %s::interval LIMIT %s
+))
+"""
+
 #: What pruning needs on each table (``FOR UPDATE`` on the sagas takes UPDATE).
 _PRIVILEGES = (
     ("inbox", "DELETE"),
@@ -86,6 +93,7 @@ _PRIVILEGES = (
     ("dead_letters", "DELETE"),
     ("dead_letter_replays", "DELETE"),
     ("claim_checks", "DELETE"),
+    ("early_events", "DELETE"),
 )
 
 _MISSING_PRIVILEGES = """
@@ -109,6 +117,8 @@ _COUNTS = {
     "WHERE replayed_at < now() - %s::interval",
     "claim_checks": "SELECT count(*) FROM {schema}.claim_checks "
     "WHERE expires_at < now() - %s::interval",
+    "early_events": "SELECT count(*) FROM {schema}.early_events "
+    "WHERE received_at < now() - %s::interval",
 }
 
 
@@ -124,6 +134,8 @@ class RetentionPolicy:
     dedup_window: timedelta = timedelta(days=30)
     dead_letter_retention: timedelta = timedelta(days=14)
     saga_retention: timedelta = timedelta(days=30)
+    #: how long an event no saga waited for yet is kept for one that will
+    early_event_retention: timedelta = timedelta(days=7)
     batch_size: int = 5000
 
     def __post_init__(self) -> None:
@@ -161,6 +173,7 @@ class Pruner:
             ("dead_letters", render(_DEAD_LETTERS, schema), p.dead_letter_retention),
             ("replays", render(_REPLAYS, schema), p.saga_retention),
             ("claim_checks", render(_CLAIMS, schema), timedelta(0)),
+            ("early_events", render(_EARLY_EVENTS, schema), p.early_event_retention),
         ]
         self._counts = {k: (render(_COUNTS[k], schema), age) for k, _, age in self._jobs}
 

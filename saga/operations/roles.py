@@ -2,15 +2,17 @@
 
 Three group roles (NOLOGIN; grant them to your login roles):
 
-- ``<prefix>_relay``: reads, defers and deletes outbox rows, and quarantines the
-  ones it cannot publish. Nothing else: not the inbox, not any business table.
+- ``<prefix>_relay``: reads, defers and deletes outbox rows, quarantines the
+  ones it cannot publish, and counts the events it published that nobody subscribes
+  to. Nothing else: not the inbox, not any business table.
 - ``<prefix>_service``: what a consumer service and app code need: inbox
   (delete too: a message retried later or dead-lettered gives its row back) and
   the replies kept with it,
   outbox (a consumer publishes the rows it wrote right after committing, as a
   relay would), dead letters (insert), sagas, step log, claim checks,
   guarded side effects, closed steps, the saga definitions its registry records at
-  start-up. Grant it your own business tables as well.
+  start-up, the subscriptions it declares and the events kept for its sagas. Grant it
+  your own business tables as well.
 - ``<prefix>_operator``: reads everything; replays and purges dead letters,
   resumes, cancels and signals sagas, prunes past retention.
 """
@@ -35,6 +37,9 @@ _TABLES = (
     "schema_migrations",
     "dashboard_actions",
     "saga_definitions",
+    "subscriptions",
+    "events_unrouted",
+    "early_events",
 )
 
 
@@ -49,6 +54,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
     grants = [
         ("SELECT, UPDATE, DELETE", "outbox", relay),
         ("INSERT", "dead_letters", relay),
+        ("SELECT, INSERT, UPDATE", "events_unrouted", relay),
         ("SELECT, INSERT, DELETE", "inbox", service),
         ("SELECT, INSERT", "inbox_replies", service),
         # RETURNING reads, FOR UPDATE SKIP LOCKED needs UPDATE: publishing its own rows
@@ -61,6 +67,9 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("SELECT, INSERT", "closed_steps", service),
         ("SELECT", "schema_migrations", service),
         ("SELECT, INSERT, UPDATE", "saga_definitions", service),  # recorded at start-up
+        ("SELECT, INSERT, UPDATE, DELETE", "subscriptions", service),
+        ("SELECT, INSERT, UPDATE", "events_unrouted", service),
+        ("SELECT, INSERT, DELETE", "early_events", service),
     ]
     grants += [("SELECT", table, operator) for table in _TABLES]
     grants += [
@@ -74,6 +83,7 @@ def _grants(roles: dict[str, str]) -> list[tuple[str, str, str]]:
         ("DELETE", "claim_checks", operator),
         ("DELETE", "closed_steps", operator),
         ("INSERT", "dashboard_actions", operator),  # what operators did from the dashboard
+        ("DELETE", "early_events", operator),
     ]
     return grants
 

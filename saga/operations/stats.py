@@ -1,6 +1,6 @@
 """Figures about sagas for ``saga stats`` and the dashboard's overview (counts, durations,
-oldest, stuck, waiting, starts and ends per minute), and the queues of a PostgreSQL broker
-(depth, oldest message's age)."""
+oldest, stuck, waiting, starts and ends per minute), the events published that no service
+subscribes to, and the queues of a PostgreSQL broker (depth, oldest message's age)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from uuid import UUID
 import psycopg
 
 from saga.db.sql import render
+from saga.messaging.events import EventRecords, UnroutedEvents
 from saga.observability.broker_queues import BrokerQueue, broker_queues
 
 __all__ = [
@@ -117,6 +118,8 @@ class SagaStats:
     oldest_running: dict[str, datetime] = field(default_factory=dict)
     stuck_count: int = 0
     stuck: list[dict[str, Any]] = field(default_factory=list)
+    #: events published that reached no subscriber, per type
+    unrouted_events: list[UnroutedEvents] = field(default_factory=list)
 
 
 def collect(
@@ -142,4 +145,5 @@ def collect(
         stats.stuck.append(
             {"id": saga_id, "name": name, "status": status, "step": step, "updated_at": updated}
         )
+    stats.unrouted_events = EventRecords(schema).unrouted(conn)
     return stats

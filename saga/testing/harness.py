@@ -102,6 +102,8 @@ class SagaHarness:
         self.clock = clock or VirtualClock()
         self.fail_fast = fail_fast
         self.sent: list[Message] = []
+        #: the events published, once each (their subscribers' copies are in ``sent``)
+        self.published: list[Message] = []
         self.consumed: list[Consumed] = []
         self.stubs = Stubs()
         self._scheduled: list[_Scheduled] = []
@@ -208,7 +210,7 @@ class SagaHarness:
 
     def answer(self, command: Message, answer: BaseModel | Fail) -> None:
         """Send what the stubbed participant answers to ``command`` (delivered by the next run)."""
-        ctx = HandlerContext(command.envelope, command.destination)
+        ctx = HandlerContext(command.envelope, command.service)
         if ctx.reply(as_reply(answer, command)) is None:
             raise AssertionError(f"{command!r} expects no reply")
         with self.conn.transaction():
@@ -272,6 +274,10 @@ class SagaHarness:
     def assert_sent(self, service: str, *expected: Expected) -> None:
         """Everything sent to ``service`` so far, in order, is ``expected``."""
         check_messages(expected, self.sent_to(service), f"messages sent to {service}")
+
+    def assert_published(self, *expected: Expected) -> None:
+        """Every event published so far, in order, is ``expected``."""
+        check_messages(expected, self.published, "events published")
 
     def assert_consumed(self, service: str, *expected: Expected) -> None:
         """Everything ``service`` handled so far, in order, is ``expected``."""
@@ -340,8 +346,14 @@ class SagaHarness:
         return ready
 
     def _deliver(self, message: Message) -> None:
+        if message.destination is None:  # an event: a copy for each subscribing service
+            self.published.append(message)
+            for name, service in self.services.items():
+                if message.type in service.subscriptions:
+                    self._deliver(replace(message, destination=name))
+            return
         self.sent.append(message)
-        key = (message.destination, message.type)
+        key = (message.service, message.type)
         if self._holds.get(key, 0) > 0:
             self._holds[key] -= 1
             self._held.append(message)
@@ -349,7 +361,7 @@ class SagaHarness:
         self._hand_over(message)
 
     def _hand_over(self, message: Message) -> None:
-        processor = self._processors.get(message.destination)
+        processor = self._processors.get(message.service)
         if processor is None:
             answer = self.stubs.receive(message)
             if answer is not None:
@@ -357,8 +369,8 @@ class SagaHarness:
             return
         self._errors.clear()
         (outcome,) = processor.process(self.conn, [Delivery(message.body, "application/json")])
-        self.consumed.append(Consumed(message.destination, message, outcome))
-        key = (message.destination, message.type)
+        self.consumed.append(Consumed(message.service, message, outcome))
+        key = (message.service, message.type)
         if self._crashes.get(key, 0) > 0 and outcome is not Outcome.RETRY_SCHEDULED:
             self._crashes[key] -= 1  # committed, never acknowledged: the broker redelivers
             self._hand_over(message)
@@ -380,7 +392,11 @@ class SagaHarness:
             spec = service.handler_for(type_name)
             assert spec is not None
             retry = replace(spec.retry, immediate_initial_wait=0.0, immediate_max_wait=0.0)
-            copy.add_handler(spec.message_class, self._watched(service.name, spec), retry=retry)
+            watched = self._watched(service.name, spec)
+            if type_name in service.subscriptions:
+                copy.add_subscription(spec.message_class, watched, retry=retry)
+            else:
+                copy.add_handler(spec.message_class, watched, retry=retry)
         copy.batch_writing = service.batch_writing
         copy.connect_hooks = list(service.connect_hooks)
         return copy

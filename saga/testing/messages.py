@@ -21,15 +21,23 @@ Expected = BaseModel | type[BaseModel]
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One message as it left an outbox: where it went and its envelope."""
+    """One message as it left an outbox: where it went (None: an event, published to its
+    subscribers) and its envelope."""
 
-    destination: str
+    destination: str | None
     envelope: Envelope
     body: bytes
 
     @property
     def type(self) -> str:
         return self.envelope.type
+
+    @property
+    def service(self) -> str:
+        """The service a command was sent to (an event has subscribers instead)."""
+        if self.destination is None:
+            raise AssertionError(f"{self!r} is an event: it has subscribers, not a destination")
+        return self.destination
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -40,7 +48,8 @@ class Message:
         return model.model_validate(self.envelope.payload)
 
     def __repr__(self) -> str:
-        return f"<{self.type} to {self.destination}: {json.dumps(self.payload, sort_keys=True)}>"
+        to = f"to {self.destination}" if self.destination else "published"
+        return f"<{self.type} {to}: {json.dumps(self.payload, sort_keys=True)}>"
 
 
 def check_message(expected: Expected, actual: Message, what: str) -> None:

@@ -118,7 +118,7 @@ class SagaScenario:
 
     def answer(self, command: Message, answer: BaseModel | Fail) -> None:
         """What the participant answers to ``command``, delivered by the next run."""
-        ctx = HandlerContext(command.envelope, command.destination)
+        ctx = HandlerContext(command.envelope, command.service)
         if ctx.reply(as_reply(answer, command)) is None:
             raise AssertionError(f"{command!r} expects no reply")
         self._inbox.append((ctx.outgoing[-1].envelope, as_reply(answer, command)))

@@ -63,9 +63,9 @@ class Stubs:
 
     def receive(self, message: Message) -> BaseModel | Fail | None:
         """The rule's answer to ``message``, or None: it waits for the test."""
-        rule = self._rules.get((message.destination, message.type))
+        rule = self._rules.get((message.service, message.type))
         if rule is None:
-            self.waiting.setdefault(message.destination, []).append(message)
+            self.waiting.setdefault(message.service, []).append(message)
             return None
         return rule(message) if callable(rule) else rule
 

@@ -26,4 +26,6 @@ def test_demo_runs_end_to_end_without_servers(tmp_path: Path) -> None:
     assert "embedded PostgreSQL" in out
     assert "completed" in out and "compensated" in out
     assert "business invariants hold" in out
+    assert "notices_duplicated=0" in out and "notices_missing=0" in out
+    assert "OrderApproved" in out and "approved in total" in out  # the subscribers' table
     assert "timeline" in out

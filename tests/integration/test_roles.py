@@ -20,6 +20,7 @@ from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase, with_credentials
+from tests.support.events import Unheard, subscribers
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL, Flaky, Ping, service
 from tests.support.wait import wait_until
@@ -53,11 +54,13 @@ def test_relay_role_relays_and_may_touch_nothing_else(
 ) -> None:
     with db.connect(autocommit=False) as conn, conn.transaction():
         Outbox().add(conn, Ping(key="r"), destination="notes")
+        Outbox().publish(conn, Unheard(key="r"))  # nobody subscribes: counted, under the role
     with Relay(
         as_user(db, roles["relay"]), rabbit.config, RelayOptions(), rabbit.topology
     ) as relay:
-        assert relay.drain() == 1
+        assert relay.drain() == 2
     assert len(rabbit.receive("notes", 1)) == 1
+    assert db.rows("SELECT message_type, events FROM saga.events_unrouted") == [("Unheard", 1)]
     with psycopg.connect(as_user(db, roles["relay"]), autocommit=True) as conn:
         for statement in (
             "DELETE FROM public.effects",
@@ -91,6 +94,16 @@ def test_consumer_runs_under_the_service_role(
     denied = pytest.raises(psycopg.errors.InsufficientPrivilege)
     with psycopg.connect(service_db.url, autocommit=True) as conn, denied:
         conn.execute("DELETE FROM saga.dead_letters")  # replaying and purging: operators
+
+
+def test_a_subscriber_records_its_bindings_under_the_service_role(
+    db: TestDatabase, rabbit: TestBroker, roles: dict[str, str]
+) -> None:
+    service_db = TestDatabase(as_user(db, roles["service"]), db.name)
+    with running_service(subscribers["notices"], service_db, rabbit):
+        pass
+    recorded = db.rows("SELECT consumer, message_type, queue FROM saga.subscriptions")
+    assert recorded == [("notices", "Happened", rabbit.topology.queue_name("notices"))]
 
 
 def test_operator_reads_and_replays_but_cannot_write_business_tables(

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.cluster import SUBSCRIBERS, Cluster
 from saga.examples.order_saga.orders import create_order
 from saga.observability import tracing
 from tests.support.brokers import TestBroker
@@ -46,6 +46,12 @@ DECLINED = [
     ("inventory handle ReleaseStock", "reserve_stock"),
     ("orders handle saga.Ack", "reserve_stock"),
 ]
+#: The events the saga's last local step publishes, handled by their subscribers in spans
+#: whose parent is the span that published them (the chain's last).
+EVENT_SPANS = {
+    "completed": ["analytics handle OrderApproved", "notifications handle OrderApproved"],
+    "compensated": ["notifications handle OrderRejected"],
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,11 +80,18 @@ def test_a_saga_is_one_trace_of_attributed_spans(
     with running.connect("orders") as conn:
         saga_id = create_order.start(conn, order, idempotency_key=order.order_id)
     wait_until(lambda: _status(running, saga_id) == status, 60, what=f"saga {status}")
+    events = wait_until(
+        lambda: len(found := _event_spans()) >= len(EVENT_SPANS[status]) and found,
+        30,
+        what="the events' spans",
+    )
     chain = wait_until(
         lambda: len(spans := _the_trace()) >= len(expected) and spans, 10, what="spans"
     )
 
     assert [s.name for s in chain] == [name for name, _ in expected]
+    assert sorted(s.name for s in events) == EVENT_SPANS[status]
+    assert {s.parent.span_id for s in events if s.parent} == {chain[-1].context.span_id}
     start, *handled = chain
     assert _attributes(start) == {tracing.SAGA_ID: str(saga_id), tracing.SAGA_NAME: "create_order"}
     assert [_attributes(s).get(tracing.SAGA_STEP) for s in chain] == [s for _, s in expected]
@@ -108,13 +121,18 @@ def _attributes(span: ReadableSpan) -> dict[str, object]:
     return dict(span.attributes or {})
 
 
+def _event_spans() -> list[ReadableSpan]:
+    """The spans of the services that subscribe to orders' events."""
+    return [s for s in EXPORTER.get_finished_spans() if s.name.split(" ")[0] in SUBSCRIBERS]
+
+
 def _the_trace() -> list[ReadableSpan]:
-    """Every span recorded, root first, each the parent of the next.
+    """Every span recorded but the events', root first, each the parent of the next.
 
     Fails unless they form one such chain: one trace, every message handled in a
     span whose parent is the span that sent it.
     """
-    spans = EXPORTER.get_finished_spans()
+    spans = [s for s in EXPORTER.get_finished_spans() if s not in _event_spans()]
     (root,) = [s for s in spans if s.parent is None]
     child_of = {s.parent.span_id: s for s in spans if s.parent is not None}
     assert len(child_of) == len(spans) - 1, "a span with two children"

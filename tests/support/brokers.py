@@ -135,6 +135,8 @@ class TestBroker:
                         self.topology.queue(destination)(channel).delete()
                     except Exception:
                         channel = conn.channel()
+                if self.kind == "amqp":
+                    self.topology.events_exchange()(channel).delete()
         except Exception:
             pass
 

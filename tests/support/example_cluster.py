@@ -65,7 +65,7 @@ def services_in_threads(system: Cluster, broker: TestBroker, **options: object) 
 
     with ExitStack() as stack:
         stack.enter_context(gateway_running(system))
-        for service in SERVICES:
+        for service in system.services:
             db = TestDatabase(system.database_urls[service], service)
             stack.enter_context(running_relay(db, broker))
             runner = ServiceRunner(

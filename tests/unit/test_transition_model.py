@@ -1,11 +1,12 @@
 """Model-based tests of saga transitions: any events, in any order, against a reference model.
 
 Hypothesis draws a saga definition (remote, local and wait steps, some with
-compensations, maybe a pivot, deadlines, held dead letters, wait timeouts) and
-then a sequence of events for one instance of it: replies to the request the
-saga waits for, replies to older requests, failures (business, dead-lettered,
-purged), timers and deadlines firing (late ones too), signals, cancels and
-resumes. :class:`SagaMachine` plays the orchestrator with the pure
+compensations, maybe a pivot, deadlines, held dead letters, wait timeouts, waits for
+a published event by key) and then a sequence of events for one instance of it:
+replies to the request the saga waits for, replies to older requests, failures
+(business, dead-lettered, purged), timers and deadlines firing (late ones too),
+signals, published events (its key or another, before or during its wait), cancels
+and resumes. :class:`SagaMachine` plays the orchestrator with the pure
 :class:`~saga.engine.transitions.Transition`, the routing questions of
 :mod:`saga.engine.routing` and an in-memory record, so no server is needed.
 
@@ -15,7 +16,8 @@ can still be moved on; compensations run in the reverse order in which steps too
 effect (as :class:`Reference` tracks it); nothing at or after a completed pivot
 is compensated; a cancelled saga never completes; a stale or duplicate reply
 changes nothing (but a late success is undone by the step's compensation); every
-request carries its step's idempotency key. At the end a cooperative world
+request carries its step's idempotency key; a saga waiting for an event is keyed by its
+data, and never waits while an event for its key is kept. At the end a cooperative world
 answers whatever the saga waits for, and the saga must finish or stop for an
 operator.
 """
@@ -37,10 +39,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pydantic import BaseModel, ValidationError
 
 from saga import Saga, StepRetry
-from saga.engine.definition import COMPENSATE, HOLD, RETRY
+from saga.engine.definition import COMPENSATE, HOLD, RETRY, WaitStep
 from saga.engine.outcomes import TransitionResult
 from saga.engine.routing import (
     awaits,
+    awaits_event,
     awaits_reply,
     deadline_applies,
     may_undo,
@@ -96,6 +99,16 @@ class Go(BaseModel):
     ok: bool
 
 
+class Settled(BaseModel):
+    """The published event a keyed wait waits for."""
+
+    order: str
+    ok: bool
+
+
+SETTLED = message_type_of(Settled)
+
+
 # -- saga definitions ------------------------------------------------------------------
 
 
@@ -110,6 +123,7 @@ class StepShape:
     deadline: str | None = None  # None, RETRY or COMPENSATE
     hold: bool = False  # on_dead_letter=HOLD
     timeout: str | None = None  # a wait's on_timeout (COMPENSATE or a later step); None: no timeout
+    keyed: bool = False  # a wait for the published Settled of the saga's order, not a signal
 
 
 @st.composite
@@ -128,7 +142,8 @@ def saga_shapes(draw: st.DrawFn) -> tuple[StepShape, ...]:
         after_pivot = pivot is not None and i > pivot
         if kind == "wait":
             targets = [None, *names[i + 1 :], *([] if after_pivot else [COMPENSATE])]
-            shapes.append(StepShape(names[i], kind, timeout=draw(st.sampled_from(targets))))
+            timeout = draw(st.sampled_from(targets))
+            shapes.append(StepShape(names[i], kind, timeout=timeout, keyed=draw(st.booleans())))
             continue
         compensated = not after_pivot and draw(st.booleans())
         if kind == "local":
@@ -161,7 +176,7 @@ class LocalCode:
             raise StepFailed(f"{self.step} refused")
 
 
-def _on_go(data: Data, event: Go) -> Data:
+def _on_go(data: Data, event: Go | Settled) -> Data:
     if not event.ok:
         raise StepFailed("not approved")
     return data
@@ -188,6 +203,16 @@ def build(shapes: tuple[StepShape, ...], faults: list[bool], ran: list[Any]) -> 
             undo = LocalCode(name, True, True, faults, ran) if shape.compensated else None
             saga.local(name, compensate=undo, pivot=shape.pivot)(
                 LocalCode(name, False, may_fail, faults, ran)
+            )
+        elif shape.keyed:
+            saga.wait(
+                name,
+                event=Settled,
+                correlate=lambda d: d.order,
+                event_key="order",
+                timeout=timedelta(minutes=5) if shape.timeout else None,
+                on_event=_on_go,
+                on_timeout=shape.timeout or COMPENSATE,
             )
         else:
             saga.wait(
@@ -249,6 +274,7 @@ class SagaMachine(RuleBasedStateMachine):
         self.requests: list[Envelope] = []  # commands and compensations sent to participants
         self.answered: list[Envelope] = []  # requests that got at least one reply
         self.scheduled: list[Envelope] = []  # timers, deadlines, wait timeouts not yet fired
+        self.early: list[dict[str, Any]] = []  # published events no saga waited for: kept
 
     def new_id(self) -> UUID:
         return UUID(int=next(self.ids))
@@ -282,7 +308,33 @@ class SagaMachine(RuleBasedStateMachine):
             target.append(message.envelope)
         if result.dead_letters:  # a saga gives up visibly: a dead letter, and an operator's turn
             assert result.record.status.needs_operator and result.ended is result.record.status
+        if result.started_wait is not None:
+            assert result.started_wait == (SETTLED, Data().order)
+            self.take_early(*result.started_wait)
         return result
+
+    def take_early(self, event_type: str, key: str) -> None:
+        """What the orchestrator does when a wait for (type, key) begins: an event kept for
+        it ends the wait now."""
+        kept = next((e for e in self.early if e["order"] == key), None)
+        if kept is not None:
+            self.early.remove(kept)
+            self.apply_signal(Signal(saga_id=SAGA_ID, event=event_type, data=kept), [])
+
+    def apply_signal(self, signal: Signal, faults: list[bool]) -> None:
+        run = self.transition(None, faults)
+        try:
+            refused = run.on_signal(signal)
+        except ValidationError:
+            refused = "invalid data"
+        if not refused:
+            self.commit(run)
+
+    def event_key(self, event: Settled) -> str | None:
+        """The key ``event`` carries for the wait step the saga is at (the orchestrator's
+        question), None when it is at no wait for an event."""
+        step = self.saga.step(self.record.step) if self.record.step else None
+        return step.key_of_event(event) if isinstance(step, WaitStep) else None
 
     def follow(self, result: TransitionResult, in_doubt: str | None) -> None:
         """Feed the reference what the transition did, in the order it did it."""
@@ -443,13 +495,19 @@ class SagaMachine(RuleBasedStateMachine):
         faults=st.lists(st.booleans(), max_size=3),
     )
     def signal(self, event: str, ok: bool | str, faults: list[bool]) -> None:
-        run = self.transition(None, faults)
-        try:
-            refused = run.on_signal(Signal(saga_id=SAGA_ID, event=event, data={"ok": ok}))
-        except ValidationError:
-            refused = "invalid data"
-        if not refused:
-            self.commit(run)
+        self.apply_signal(Signal(saga_id=SAGA_ID, event=event, data={"ok": ok}), faults)
+
+    @rule(mine=st.booleans(), ok=st.booleans(), faults=st.lists(st.booleans(), max_size=3))
+    def publish(self, mine: bool, ok: bool, faults: list[bool]) -> None:
+        """A Settled event is published, for this saga's order or another: it ends the wait
+        of a saga waiting for it under its key, or is kept."""
+        event = Settled(order=Data().order if mine else "o-other", ok=ok)
+        if awaits_event(self.record, SETTLED, self.event_key(event)):
+            self.apply_signal(
+                Signal(saga_id=SAGA_ID, event=SETTLED, data=event.model_dump()), faults
+            )
+        else:
+            self.early.append(event.model_dump())
 
     @rule()
     def cancel(self) -> None:
@@ -484,6 +542,21 @@ class SagaMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    def keyed_while_waiting_for_an_event(self) -> None:
+        """A saga at a wait for a published event waits under its data's key, and never
+        while an event for that key is kept; at any other point it has no key."""
+        record = self.record
+        step = (
+            self.saga.step(record.step) if getattr(self, "record", None) and record.step else None
+        )
+        waiting = record.waiting_for is not None and isinstance(step, WaitStep)
+        if waiting and step is not None and step.correlate is not None:
+            assert record.wait_key == Data().order, record
+            assert all(e["order"] != record.wait_key for e in self.early), "waits, event kept"
+        else:
+            assert record.wait_key is None, record
+
+    @invariant()
     def pivot_and_cancel_hold(self) -> None:
         if self.reference.pivot_passed:
             assert self.record.status not in COMPENSATING, "compensating after the pivot completed"
@@ -504,6 +577,8 @@ class SagaMachine(RuleBasedStateMachine):
             if self.record.status.needs_operator and resumes < 3:
                 resumes += 1  # the operator fixed the cause and resumes the saga
                 self.resume([])
+            elif self.record.waiting_for == SETTLED:
+                self.publish(True, True, [])
             elif self.record.waiting_for is not None:
                 self.signal("go", True, [])
             elif request is not None:
@@ -560,3 +635,22 @@ def test_a_wait_after_the_pivot_refuses_an_event_it_fails_on_and_keeps_waiting()
     assert machine.record.waiting_for == "go"
     machine.signal("go", True, [])
     assert machine.record.status is SagaStatus.COMPLETED
+
+
+def test_an_event_published_before_its_wait_ends_the_wait_as_it_begins() -> None:
+    machine = _machine(StepShape("charge", "remote"), StepShape("settled", "wait", keyed=True))
+    machine.publish(False, True, [])  # another order's: kept, never this saga's
+    machine.publish(True, True, [])  # this saga's, while it still waits for its reply: kept
+    assert len(machine.early) == 2
+    request = machine.pending_request()
+    assert request is not None
+    machine.deliver_reply(request, "ok", [])  # the wait begins, and takes its event at once
+    assert machine.record.status is SagaStatus.COMPLETED
+    assert machine.early == [{"order": "o-other", "ok": True}]
+
+
+def test_a_wait_for_an_event_is_keyed_and_its_key_goes_when_it_ends() -> None:
+    machine = _machine(StepShape("settled", "wait", keyed=True), StepShape("ship", "remote"))
+    assert (machine.record.waiting_for, machine.record.wait_key) == (SETTLED, "o-1")
+    machine.publish(True, True, [])
+    assert (machine.record.step, machine.record.wait_key) == ("ship", None)

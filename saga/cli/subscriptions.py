@@ -1,0 +1,127 @@
+"""``saga subscriptions``: who subscribes to which events, per service and broker.
+
+Each consumer service records the bindings it declares in its own database every time a
+worker connects (``saga.subscriptions``): this command lists them for every database
+named (several ``--database-url``: one per service). With a PostgreSQL broker it also
+lists the broker's own routing table, the bindings the relays publish through.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import psycopg
+import typer
+from rich.table import Table
+
+from saga.broker.postgres_publishing import Binding, broker_bindings
+from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.transport import BrokerConfig
+from saga.cli.common import (
+    BrokerUrlOption,
+    JsonOption,
+    SchemaOption,
+    console,
+    iso,
+    print_table,
+    settings_from,
+)
+from saga.errors import DatabaseUnavailable
+from saga.messaging.events import EventRecords, Subscription
+from saga.observability.redaction import password_of, redact_text, redact_url
+from saga.settings import ENV_DATABASE_URL
+
+DatabaseUrlsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--database-url",
+        help="A service's database (repeat it, one per service). Default: the one in "
+        f"{ENV_DATABASE_URL}.",
+        show_default=False,
+    ),
+]
+
+
+def _read(url: str, what: str, read: Any) -> Any:
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            return read(conn)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {what}: {redact_text(str(exc), password_of(url))}"
+        ) from None
+
+
+def subscriptions(
+    database_url: DatabaseUrlsOption = None,
+    broker_url: BrokerUrlOption = None,
+    schema: SchemaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the events each service subscribes to (recorded in its database when it
+    connects), and the PostgreSQL broker's bindings."""
+    settings = settings_from(broker_url=broker_url, schema=schema)
+    urls = database_url or [settings.require_database_url()]
+    records = EventRecords(settings.db_schema)
+    found: dict[str, list[Subscription]] = {
+        redact_url(url): _read(url, redact_url(url), records.subscriptions) for url in urls
+    }
+    bindings: list[Binding] | None = None
+    if settings.broker_url and BrokerConfig(settings.broker_url).is_postgres:
+        bindings = _read(
+            settings.broker_url,
+            "the broker's PostgreSQL",
+            lambda c: broker_bindings(c, BROKER_SCHEMA),
+        )
+    if as_json:
+        document: dict[str, Any] = {
+            "services": [
+                {"database": where, **_subscription(s)}
+                for where, rows in found.items()
+                for s in rows
+            ]
+        }
+        if bindings is not None:
+            document["broker_bindings"] = [
+                {"exchange": b.exchange, "event": b.routing_key, "queue": b.queue,
+                 "since": iso(b.created_at)}
+                for b in bindings
+            ]  # fmt: skip
+        print(json.dumps(document, indent=2))
+        return
+    table = Table(title="subscriptions (recorded by each service when it connects)")
+    for column in ("service", "event", "queue", "broker", "since", "last connected", "database"):
+        table.add_column(column)
+    for where, rows in found.items():
+        for s in rows:
+            table.add_row(
+                s.consumer, s.message_type, s.queue, s.broker,
+                f"{s.first_declared_at:%Y-%m-%d %H:%M:%S}",
+                f"{s.last_declared_at:%Y-%m-%d %H:%M:%S}", where,
+            )  # fmt: skip
+    print_table(table)
+    if not any(found.values()):
+        console.print("no subscriptions recorded: no service subscribing to events has connected")
+    if bindings is not None:
+        _print_bindings(bindings)
+
+
+def _subscription(s: Subscription) -> dict[str, Any]:
+    return {
+        "service": s.consumer,
+        "event": s.message_type,
+        "queue": s.queue,
+        "broker": s.broker,
+        "since": iso(s.first_declared_at),
+        "last_connected": iso(s.last_declared_at),
+    }
+
+
+def _print_bindings(bindings: list[Binding]) -> None:
+    table = Table(title="bindings of the PostgreSQL broker (what the relays publish through)")
+    for column in ("exchange", "event", "queue", "since"):
+        table.add_column(column)
+    for b in bindings:
+        table.add_row(b.exchange, b.routing_key, b.queue, f"{b.created_at:%Y-%m-%d %H:%M:%S}")
+    print_table(table)
