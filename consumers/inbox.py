@@ -19,7 +19,7 @@ from saga.messaging.outbox import OutgoingMessage
 
 _RECORD = """
 INSERT INTO {schema}.inbox (consumer, message_id)
-SELECT %s, unnest(%s::uuid[])
+SELECT %s, unnest(%b::uuid[])
 ON CONFLICT DO NOTHING
 RETURNING message_id
 """
@@ -29,14 +29,14 @@ _FORGET = "DELETE FROM {schema}.inbox WHERE consumer = %s AND message_id = %s"
 _KEEP_REPLIES = """
 INSERT INTO {schema}.inbox_replies
     (consumer, message_id, reply_id, destination, message_type, saga_id, body)
-SELECT %s, * FROM unnest(%s::uuid[], %s::uuid[], %s::text[], %s::text[], %s::uuid[], %s::bytea[])
+SELECT %s, * FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[])
 ON CONFLICT DO NOTHING
 """
 
 _ANSWER_AGAIN = """
 INSERT INTO {schema}.outbox (message_id, destination, message_type, saga_id, body)
 SELECT reply_id, destination, message_type, saga_id, body FROM {schema}.inbox_replies
-WHERE consumer = %s AND message_id = ANY(%s::uuid[])
+WHERE consumer = %s AND message_id = ANY(%b::uuid[])
 RETURNING id
 """
 

@@ -30,14 +30,14 @@ _TAKE_IDS = f"""
 DELETE FROM {{schema}}.outbox
 WHERE id IN (
     SELECT id FROM {{schema}}.outbox
-    WHERE id = ANY(%s) AND deliver_after IS NULL
+    WHERE id = ANY(%b::bigint[]) AND deliver_after IS NULL
     FOR UPDATE SKIP LOCKED
 )
 AND {_ASYNC_COMMIT}
 RETURNING id, message_id, destination, message_type, body, attempts
 """
 
-_DELETE = f"DELETE FROM {{schema}}.outbox WHERE id = ANY(%s) AND {_ASYNC_COMMIT}"
+_DELETE = f"DELETE FROM {{schema}}.outbox WHERE id = ANY(%b::bigint[]) AND {_ASYNC_COMMIT}"
 
 _DEFER = """
 UPDATE {schema}.outbox

@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS {subscriptions} (
 _INSERT = """
 INSERT INTO {messages} (queue, body, headers, properties, visible_at)
 SELECT k, b, h::jsonb, p::jsonb, now() + d * interval '1 second'
-FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::text[], %s::text[], %s::float8[])
+FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::text[], %b::text[], %b::float8[])
      AS m(x, k, b, h, p, d)
 """
 
@@ -45,8 +45,8 @@ FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::text[], %s::text[], %s::flo
 #: Returns the queues written to and the (1-based) positions of the messages unrouted.
 _ROUTED_INSERT = """
 WITH m AS (
-    SELECT * FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::text[], %s::text[],
-                         %s::float8[]) WITH ORDINALITY AS m(x, k, b, h, p, d, n)
+    SELECT * FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::text[], %b::text[],
+                         %b::float8[]) WITH ORDINALITY AS m(x, k, b, h, p, d, n)
 ), routed AS (
     SELECT m.n, CASE WHEN m.x = '' THEN m.k ELSE s.queue END AS queue, m.b, m.h, m.p, m.d
     FROM m LEFT JOIN {subscriptions} s ON m.x <> '' AND s.exchange = m.x AND s.routing_key = m.k

@@ -262,8 +262,8 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         token = uuid.uuid4()
         rows = self.db.execute(
             sql.SQL(
-                "WITH next AS (SELECT id FROM {t} WHERE queue = ANY(%s) AND visible_at <= now() "
-                "ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) "
+                "WITH next AS (SELECT id FROM {t} WHERE queue = ANY(%b::text[]) "
+                "AND visible_at <= now() ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) "
                 "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
                 "lock_token = %s, attempts = m.attempts + 1 FROM next WHERE m.id = next.id "
                 "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts"
@@ -315,7 +315,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         self.db.execute(
             sql.SQL(
                 "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
-                "lock_token = NULL FROM unnest(%s::bigint[], %s::uuid[]) AS s(id, token) "
+                "lock_token = NULL FROM unnest(%b::bigint[], %b::uuid[]) AS s(id, token) "
                 "WHERE m.id = s.id AND m.lock_token = s.token"
             ).format(t=self.table),
             (delay or self.requeue_delay, [p[0] for p in pairs], [p[1] for p in pairs]),
@@ -334,7 +334,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         try:
             self.db.execute(
                 sql.SQL(
-                    "DELETE FROM {t} m USING unnest(%s::bigint[], %s::uuid[]) AS s(id, token) "
+                    "DELETE FROM {t} m USING unnest(%b::bigint[], %b::uuid[]) AS s(id, token) "
                     "WHERE m.id = s.id AND m.lock_token = s.token"
                 ).format(t=self.table),
                 ([p[0] for p in pairs], [p[1] for p in pairs]),
@@ -392,7 +392,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         cursor = db.execute(
             sql.SQL(
                 "UPDATE {t} SET visible_at = now() + %s * interval '1 second' "
-                "WHERE lock_token = ANY(%s::uuid[])"
+                "WHERE lock_token = ANY(%b::uuid[])"
             ).format(t=self.table),
             (self.lease, tokens),
         )
@@ -524,7 +524,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
                 due.append(queue)
         if due:
             db.execute(
-                "SELECT pg_notify(%s, q) FROM unnest(%s::text[]) AS q", (wake_channel(schema), due)
+                "SELECT pg_notify(%s, q) FROM unnest(%b::text[]) AS q", (wake_channel(schema), due)
             )
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:

@@ -40,18 +40,18 @@ ApplySignal = Callable[[Tx, SagaRecord, Signal, str, Metrics | None, SagaBatch |
 
 _LOCK = """
 SELECT pg_advisory_xact_lock(hashtextextended('saga event ' || %s || ' ' || k, 0))
-FROM unnest(%s::text[]) AS k
+FROM unnest(%b::text[]) AS k
 """
 
 _WAITING = """
 SELECT id FROM {schema}.saga_instances
-WHERE waiting_for = %s AND wait_key = ANY(%s) AND status = 'running'
+WHERE waiting_for = %s AND wait_key = ANY(%b::text[]) AND status = 'running'
 ORDER BY id
 """
 
 _PARK = """
 INSERT INTO {schema}.early_events (message_type, correlation_key, message_id, payload)
-SELECT %s, unnest(%s::text[]), %s, %s
+SELECT %s, unnest(%b::text[]), %s, %s
 ON CONFLICT DO NOTHING
 """
 

@@ -51,7 +51,7 @@ WHERE id = %s AND version = %s
 RETURNING version
 """
 
-_LOAD_MANY = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = ANY(%s)"
+_LOAD_MANY = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = ANY(%b::uuid[])"
 
 #: Every saga a batch changed, in one statement: the rows travel as one JSON array.
 _UPDATE_MANY = """
@@ -96,7 +96,7 @@ WHERE id = %s AND status = 'running' AND NOT pivot_reached
 
 _UNFINISHED_BY_VERSION = """
 SELECT name, saga_version, count(*) FROM {schema}.saga_instances
-WHERE name = ANY(%s) AND finished_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2
+WHERE name = ANY(%b::text[]) AND finished_at IS NULL GROUP BY 1, 2 ORDER BY 1, 2
 """
 
 _VERSIONS = """
@@ -111,7 +111,9 @@ LEFT JOIN {schema}.saga_definitions d ON d.name = i.name AND d.version = i.saga_
 GROUP BY 1, 2, d.fingerprint ORDER BY 1, 2
 """
 
-_DEFINITIONS = "SELECT name, version, steps FROM {schema}.saga_definitions WHERE name = ANY(%s)"
+_DEFINITIONS = """
+SELECT name, version, steps FROM {schema}.saga_definitions WHERE name = ANY(%b::text[])
+"""
 
 _RECORD_DEFINITION = """
 INSERT INTO {schema}.saga_definitions (name, version, fingerprint, steps) VALUES (%s, %s, %s, %s)
@@ -140,7 +142,7 @@ FROM batch WHERE s.id = batch.id
 RETURNING s.id, s.step, s.step_attempt
 """
 
-_STATUSES = "SELECT id, status, step FROM {schema}.saga_instances WHERE id = ANY(%s)"
+_STATUSES = "SELECT id, status, step FROM {schema}.saga_instances WHERE id = ANY(%b::uuid[])"
 
 _TIMELINE = """
 SELECT step, phase, attempt, outcome, started_at, finished_at, error, message_id

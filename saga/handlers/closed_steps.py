@@ -25,10 +25,10 @@ _LOCK_SEED = 0x5A6A_C105
 
 _LOCK_SHARED = """
 SELECT count(pg_advisory_xact_lock_shared(hashtextextended(k, %s)))
-FROM (SELECT DISTINCT unnest(%s::text[]) AS k ORDER BY 1) AS keys
+FROM (SELECT DISTINCT unnest(%b::text[]) AS k ORDER BY 1) AS keys
 """
 
-_FIND = "SELECT step_key, closed_at FROM {schema}.closed_steps WHERE step_key = ANY(%s)"
+_FIND = "SELECT step_key, closed_at FROM {schema}.closed_steps WHERE step_key = ANY(%b::text[])"
 
 _CLOSE = """
 WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, %(seed)s)))

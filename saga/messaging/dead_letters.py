@@ -52,12 +52,14 @@ SELECT consumer, reason, error_type, letters, oldest, newest FROM {schema}.dead_
 ORDER BY letters DESC, consumer, reason, error_type
 """
 
-_LOCK = "SELECT id, status, replay_count FROM {schema}.dead_letters WHERE id = ANY(%s) FOR UPDATE"
+_LOCK = """
+SELECT id, status, replay_count FROM {schema}.dead_letters WHERE id = ANY(%b::bigint[]) FOR UPDATE
+"""
 
 _MARK_REPLAYED = """
 UPDATE {schema}.dead_letters
 SET status = 'replayed', replay_count = replay_count + 1, last_replayed_at = now()
-WHERE id = ANY(%s)
+WHERE id = ANY(%b::bigint[])
 """
 
 _RECORD_REPLAY = """
@@ -69,7 +71,7 @@ RETURNING id
 
 _PURGE = """
 UPDATE {schema}.dead_letters SET status = 'purged', purged_at = now()
-WHERE id = ANY(%s) AND status <> 'purged'
+WHERE id = ANY(%b::bigint[]) AND status <> 'purged'
 """
 
 

@@ -24,14 +24,14 @@ from saga.db.sql import render
 
 _RECORD_SUBSCRIPTIONS = """
 INSERT INTO {schema}.subscriptions (consumer, message_type, broker, queue)
-SELECT %s, unnest(%s::text[]), %s, %s
+SELECT %s, unnest(%b::text[]), %s, %s
 ON CONFLICT (consumer, message_type, broker, queue) DO UPDATE SET last_declared_at = now()
 """
 
 #: The subscriptions a consumer recorded on this broker and queue that it no longer has.
 _FORGET_OTHERS = """
 DELETE FROM {schema}.subscriptions
-WHERE consumer = %s AND broker = %s AND queue = %s AND NOT (message_type = ANY(%s::text[]))
+WHERE consumer = %s AND broker = %s AND queue = %s AND NOT (message_type = ANY(%b::text[]))
 RETURNING message_type
 """
 
@@ -42,7 +42,7 @@ FROM {schema}.subscriptions ORDER BY consumer, message_type, broker, queue
 
 _COUNT_UNROUTED = """
 INSERT INTO {schema}.events_unrouted (message_type, events)
-SELECT * FROM unnest(%s::text[], %s::bigint[])
+SELECT * FROM unnest(%b::text[], %b::bigint[])
 ON CONFLICT (message_type) DO UPDATE
 SET events = events_unrouted.events + excluded.events, last_at = now()
 """

@@ -42,8 +42,8 @@ INSERT INTO {schema}.outbox
     (message_id, destination, message_type, saga_id, body, deliver_after)
 SELECT message_id, destination, message_type, saga_id, body,
        COALESCE(deliver_at, now() + delay)
-FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::uuid[], %s::bytea[], %s::timestamptz[],
-            %s::interval[]) AS v(message_id, destination, message_type, saga_id, body, deliver_at,
+FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[], %b::timestamptz[],
+            %b::interval[]) AS v(message_id, destination, message_type, saga_id, body, deliver_at,
                                  delay)
 RETURNING id
 """

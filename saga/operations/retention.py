@@ -98,7 +98,7 @@ _PRIVILEGES = (
 
 _MISSING_PRIVILEGES = """
 SELECT privilege || ' on ' || name
-FROM unnest(%s::text[], %s::text[]) AS needed (name, privilege)
+FROM unnest(%b::text[], %b::text[]) AS needed (name, privilege)
 WHERE NOT has_table_privilege(name, privilege)
 """
 

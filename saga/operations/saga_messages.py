@@ -27,7 +27,7 @@ FROM {schema}.outbox WHERE saga_id = %s ORDER BY id
 
 _RECEIVED = """
 SELECT message_id, received_at FROM {schema}.inbox
-WHERE consumer = %s AND message_id = ANY(%s)
+WHERE consumer = %s AND message_id = ANY(%b::uuid[])
 """
 
 
