@@ -32,6 +32,7 @@ from saga.engine.definition import (
 )
 from saga.engine.outcomes import LocalSteps, TransitionResult, stopped_saga_letter
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
+from saga.engine.step_envelopes import StepEnvelopes
 from saga.errors import (
     ConfigurationError,
     StaleReply,
@@ -48,12 +49,7 @@ from saga.messaging.control import (
     WaitTimeout,
 )
 from saga.messaging.dead_letters import DeadLetter
-from saga.messaging.envelope import (
-    COMPENSATES_HEADER,
-    IDEMPOTENCY_KEY_HEADER,
-    STEP_HEADER,
-    Envelope,
-)
+from saga.messaging.envelope import Envelope
 from saga.messaging.ids import uuid7
 from saga.messaging.outbox import OutgoingMessage
 
@@ -84,10 +80,10 @@ class Transition:
         self.home_service = home_service
         self.local_steps = local_steps
         self.new_id = new_id
+        self.envelopes = StepEnvelopes(saga, record.id, cause, home_service, new_id)
         self.initial_status = record.status
         self.saga = saga
         self.record = record
-        self.cause = cause
         self.data: BaseModel = saga.data_model.model_validate(record.data)
         self.log: list[StepLogEntry] = []
         self.outgoing: list[OutgoingMessage] = []
@@ -200,9 +196,7 @@ class Transition:
             record.pending_message_id = self.new_id()  # only a signal will end this wait
             record.wait_deadline = None
             return
-        timeout = self._envelope(
-            WaitTimeout(saga_id=record.id, step=step.name), headers={STEP_HEADER: step.name}
-        )
+        timeout = self.envelopes.control(WaitTimeout(saga_id=record.id, step=step.name), step)
         self.outgoing.append(OutgoingMessage(timeout, self.home_service, step.timeout))
         record.pending_message_id = timeout.message_id
         record.wait_deadline = record.step_started_at + step.timeout
@@ -321,7 +315,7 @@ class Transition:
             return False
         if step.on_reply is not None:
             self._set_data(step.on_reply(self.data, reply), f"on_reply of {step.name!r}")
-        envelope = self._compensation_envelope(step)
+        envelope = self.envelopes.compensation(step, self.data)
         self.outgoing.append(OutgoingMessage(envelope, self.saga.compensation_service(step)))
         note = f"succeeded after the saga compensated past it; compensation {envelope.type} sent"
         self._log(step, Phase.FORWARD, "late_success", self.at, note)
@@ -381,12 +375,7 @@ class Transition:
 
     def _send_forward(self, step: Step, attempt: int, message_id: UUID | None = None) -> None:
         assert isinstance(step, RemoteStep)
-        envelope = self._envelope(
-            self.saga.build_message(step, self.data),
-            reply_to=self.home_service,
-            headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: self._step_key(step)},
-            message_id=message_id,
-        )
+        envelope = self.envelopes.command(step, self.data, message_id)
         self._sent(envelope, self.saga.service_of(step), step.name, attempt)
         self.record.status = SagaStatus.RUNNING
         if step.deadline is not None:
@@ -395,33 +384,14 @@ class Transition:
             timer = StepDeadline(
                 saga_id=self.record.id, step=step.name, awaited=awaited, attempt=attempt
             )
-            envelope = self._envelope(timer, headers={STEP_HEADER: step.name})
+            envelope = self.envelopes.control(timer, step)
             self.outgoing.append(OutgoingMessage(envelope, self.home_service, step.deadline))
 
     def _send_compensation(
         self, step: RemoteStep, attempt: int, message_id: UUID | None = None
     ) -> None:
-        envelope = self._compensation_envelope(step, message_id)
+        envelope = self.envelopes.compensation(step, self.data, message_id)
         self._sent(envelope, self.saga.compensation_service(step), step.name, attempt)
-
-    def _compensation_envelope(self, step: RemoteStep, message_id: UUID | None = None) -> Envelope:
-        """The step's compensation, under its own idempotency key, naming the step it undoes."""
-        assert step.compensation is not None
-        forward_key = self._step_key(step)
-        return self._envelope(
-            self.saga.build_message(step, self.data, compensation=True),
-            reply_to=self.home_service,
-            headers={
-                STEP_HEADER: step.name,
-                IDEMPOTENCY_KEY_HEADER: f"{forward_key}:compensation",
-                COMPENSATES_HEADER: forward_key,
-            },
-            message_id=message_id,
-        )
-
-    def _step_key(self, step: Step) -> str:
-        """The idempotency key of a step's command: the same on every attempt of it."""
-        return f"{self.record.id}:{step.name}"
 
     # -- compensating ---------------------------------------------------------
 
@@ -477,7 +447,7 @@ class Transition:
         timer = StepTimer(
             saga_id=self.record.id, step=step.name, phase=phase.value, attempt=attempt + 1
         )
-        envelope = self._envelope(timer, headers={STEP_HEADER: step.name})
+        envelope = self.envelopes.control(timer, step)
         self.outgoing.append(OutgoingMessage(envelope, self.home_service, delay))
         self.record.step = step.name
         self.record.pending_message_id = envelope.message_id
@@ -524,24 +494,6 @@ class Transition:
         record.step = step
         record.pending_message_id = envelope.message_id
         record.step_attempt = attempt
-
-    def _envelope(
-        self,
-        message: BaseModel,
-        *,
-        reply_to: str | None = None,
-        headers: dict[str, str],
-        message_id: UUID | None = None,
-    ) -> Envelope:
-        return Envelope.wrap(
-            message,
-            message_id=message_id or self.new_id(),
-            saga_id=self.record.id,
-            correlation_id=self.cause.correlation_id if self.cause else self.record.id,
-            causation_id=self.cause.message_id if self.cause else None,
-            reply_to=reply_to,
-            headers=headers,
-        )
 
     def _pivot_reached(self) -> bool:
         pivot = self.saga.pivot_index
