@@ -222,3 +222,4 @@ def test_a_message_redis_took_for_a_consumer_whose_reply_was_lost_is_delivered_a
     assert redis_client.llen(queue.name) == 0 and redis_client.hlen("unacked") == 0
     lists = redis_client.hkeys(REGISTRY)
     assert lists and all(redis_client.llen(key) == 0 for key in lists)
+    doomed.release()  # before the private server stops: nothing of it is left to restore
