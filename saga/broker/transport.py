@@ -212,15 +212,19 @@ class BrokerConfig:
         start = random.randrange(len(self.urls))
         order = [(start + step) % len(self.urls) for step in range(len(self.urls))]
         for node in order[:-1]:
-            connection = self.connect(node)
             try:
-                connection.ensure_connection(max_retries=0)
-            except transient_errors(connection):
-                connection.close()
+                return self._connected_to(node)
+            except transient_errors(self.connect(node)):
                 continue
-            return connection
-        connection = self.connect(order[-1])
-        connection.ensure_connection(max_retries=0)
+        return self._connected_to(order[-1])
+
+    def _connected_to(self, node: int) -> Connection:
+        connection = self.connect(node)
+        try:
+            connection.ensure_connection(max_retries=0)
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
     def connect(self, node: int = 0) -> Connection:
@@ -259,6 +263,11 @@ class BrokerConfig:
 
 def _scheme_of(url: str) -> str:
     """The scheme of one node's URL, refused with the reason when it is not supported."""
+    if not url:
+        raise ConfigurationError(
+            "broker URL list has an empty entry (a stray ';'): separate the nodes' URLs "
+            "with ';', e.g. amqp://user:password@node1//;amqp://user:password@node2//"
+        )
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme.startswith("sqla"):
         raise ConfigurationError(
@@ -268,7 +277,7 @@ def _scheme_of(url: str) -> str:
         )
     if scheme not in SUPPORTED_SCHEMES:
         raise ConfigurationError(
-            f"broker URL {redact_url(url) or repr(url)!r} is not supported: use one of "
+            f"broker URL {redact_url(url)!r} is not supported: use one of "
             + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
             + " (several nodes: separate their URLs with ';')"
         )
