@@ -199,6 +199,7 @@ class FaultInjector:
         self.rng = rng
         self.done: Counter[str] = Counter()
         self._nodes_killed = 0
+        self._node_restart: threading.Thread | None = None
         self.late_orders: list[str] = []
         self._threads: list[threading.Thread] = []
 
@@ -221,14 +222,19 @@ class FaultInjector:
         _wait_port(RABBITMQ_PORT, 60)
 
     def kill_rabbitmq_node(self) -> None:
-        """SIGKILL the next node of the private cluster, then start it again: it rejoins from
-        its data folder while the other two keep the quorum queues going."""
+        """SIGKILL the next node of the private cluster and start it again in the background
+        (it rejoins from its data folder) while the other two keep the quorum queues going
+        and the other faults go on. One node at a time: the last one killed is back first."""
         cluster = self.servers.rabbitmq
         assert cluster is not None, "kill_rabbitmq_node needs a run on a private cluster"
+        if self._node_restart is not None:
+            self._node_restart.join()
         node = cluster.nodes[self._nodes_killed % len(cluster.nodes)]
         self._nodes_killed += 1
         cluster.kill(node)
-        cluster.start_node(node)
+        self._node_restart = threading.Thread(target=cluster.start_node, args=(node,))
+        self._node_restart.start()
+        self._threads.append(self._node_restart)
 
     def restart_redis(self) -> None:
         """Crash the run's private Redis (SIGKILL) and start it again."""
