@@ -23,6 +23,12 @@ def test_every_node_of_a_failover_list_is_redacted() -> None:
     assert set(SECRETS) <= set(load_settings(broker_url=NODES).secrets())
 
 
+def test_a_semicolon_inside_one_url_is_not_a_list() -> None:
+    url = f"postgresql://app:{SECRETS[0]};x@db/orders"
+    assert redact_url(url) == "postgresql://app:***@db/orders"
+    assert passwords_of(url) == [f"{SECRETS[0]};x"]
+
+
 def test_a_failover_list_names_its_nodes_in_order() -> None:
     config = BrokerConfig(NODES)
     assert config.urls == tuple(NODES.split(";"))
