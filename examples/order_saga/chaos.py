@@ -221,14 +221,18 @@ class FaultInjector:
         subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
         _wait_port(RABBITMQ_PORT, 60)
 
+    def ready(self, kind: str) -> bool:
+        """False for a node kill while the node killed last is still starting: one node
+        down at a time (the other faults go on meanwhile)."""
+        restarting = self._node_restart is not None and self._node_restart.is_alive()
+        return not (kind == "kill_rabbitmq_node" and restarting)
+
     def kill_rabbitmq_node(self) -> None:
         """SIGKILL the next node of the private cluster and start it again in the background
         (it rejoins from its data folder) while the other two keep the quorum queues going
-        and the other faults go on. One node at a time: the last one killed is back first."""
+        and the other faults go on."""
         cluster = self.servers.rabbitmq
         assert cluster is not None, "kill_rabbitmq_node needs a run on a private cluster"
-        if self._node_restart is not None:
-            self._node_restart.join()
         node = cluster.nodes[self._nodes_killed % len(cluster.nodes)]
         self._nodes_killed += 1
         cluster.kill(node)
@@ -426,20 +430,8 @@ def _run(
         f"chaos {run_id} on {broker}: {sagas} sagas over {duration:.0f}s, "
         f"a fault every {interval}s; logs in {logs}"
     )
-    started = time.monotonic()
-    deck: list[str] = []
     try:
-        while time.monotonic() - started < duration:
-            time.sleep(interval)
-            supervisor.watch()
-            deck = deck or _deck(rng, kinds)
-            kind = deck.pop()
-            try:
-                injector.inject(kind)
-            except (subprocess.CalledProcessError, RuntimeError) as exc:
-                print(f"chaos: fault {kind} could not be injected: {exc}")
-                raise
-            print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
+        _inject_faults(supervisor, injector, rng, kinds, duration, interval)
         injector.settle()
         _wait_port(servers.postgres_port, 60)
         if broker == "rabbitmq":
@@ -480,6 +472,33 @@ def _run(
         for name in [*names.values(), *([broker_db] if broker_db else [])]:
             servers.admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
     return result
+
+
+def _inject_faults(
+    supervisor: Supervisor,
+    injector: FaultInjector,
+    rng: random.Random,
+    kinds: tuple[str, ...],
+    duration: float,
+    interval: float,
+) -> None:
+    """One fault every ``interval`` seconds for ``duration`` seconds, drawn from a deck."""
+    started = time.monotonic()
+    deck: list[str] = []
+    while time.monotonic() - started < duration:
+        time.sleep(interval)
+        supervisor.watch()
+        deck = deck or _deck(rng, kinds)
+        kind = deck.pop()
+        if not injector.ready(kind):
+            deck.insert(0, kind)  # later in the deck
+            continue
+        try:
+            injector.inject(kind)
+        except (subprocess.CalledProcessError, RuntimeError) as exc:
+            print(f"chaos: fault {kind} could not be injected: {exc}")
+            raise
+        print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
 
 
 def _redis_figures(refused: bool | None, resumer: BulkResume | None) -> dict[str, Any]:
