@@ -17,7 +17,7 @@ def test_chaos_on_a_three_node_cluster_loses_nothing_when_nodes_are_killed() -> 
     if not rabbitmq_installed():
         servers.unavailable("rabbitmq-server", f"{servers.RABBITMQCTL_HINT} ({RABBITMQ_BIN})")
     output, figures = run_chaos(
-        "--broker", "rabbitmq-cluster", "--sagas", "60", "--duration", "70", "--interval", "2.5",
+        "--broker", "rabbitmq-cluster", "--sagas", "60", "--duration", "120", "--interval", "2.5",
         "--seed", "3", timeout=1200,
     )  # fmt: skip
     assert figures["lost"] == figures["duplicated"] == figures["unconverged"] == "0", figures
