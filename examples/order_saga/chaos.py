@@ -431,6 +431,7 @@ def _run(
         f"a fault every {interval}s; logs in {logs}"
     )
     try:
+        _wait_port(system.gateway_port, 120)  # a loaded box starts it slowly
         _inject_faults(supervisor, injector, rng, kinds, duration, interval)
         injector.settle()
         _wait_port(servers.postgres_port, 60)
