@@ -21,7 +21,7 @@ import psycopg
 
 from saga.consumers.decoding import Decoded
 from saga.consumers.inbox import Inbox
-from saga.errors import MessageTooLarge, Rejection, StepFailed
+from saga.errors import DeliveryLimitReached, MessageTooLarge, Rejection, StepFailed
 from saga.handlers.context import HandlerContext
 from saga.messaging.control import DEAD_LETTERED, STEP_CLOSED, FailureReply
 from saga.messaging.dead_letters import DeadLetter, DeadLetterStore
@@ -137,6 +137,21 @@ class FailurePaths:
         self.dead_letter_failure(conn, decoded, exc, tries=total, body=body)
         self._tell_sender(conn, decoded, f"dead-lettered after {total} attempts: {exc!r}")
         return False
+
+    def delivery_limit_reached(
+        self, conn: psycopg.Connection[Any], body: bytes, decoded: Decoded, deliveries: int
+    ) -> None:
+        """Dead-letter, without running its handler, a message whose earlier ``deliveries``
+        all came back unsettled (the consumer died on it each time), so that the ones
+        behind it flow again; a saga waiting for its answer hears of it."""
+        self.inbox.forget(conn, self.consumer, decoded.envelope.message_id)  # for a replay
+        reason = f"delivery limit reached after {deliveries} deliveries"
+        logger.error(
+            "%s dead-lettered: %s", decoded.envelope.type, reason, extra=self._log_extra(decoded)
+        )
+        error = DeliveryLimitReached(reason)
+        self.dead_letter_failure(conn, decoded, error, tries=deliveries, body=body)
+        self._tell_sender(conn, decoded, f"dead-lettered: {reason}")
 
     def dead_letter_failure(
         self,

@@ -33,6 +33,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
+from saga.broker.transport import DEFAULT_DELIVERY_LIMIT, delivery_count
 from saga.consumers.decoding import Decoded, decode
 from saga.consumers.failures import FailurePaths
 from saga.consumers.inbox import Inbox
@@ -143,8 +144,11 @@ class BatchProcessor:
         signing: KeyRing | None = None,
         batch_lock_timeout_ms: int = 250,
         effects: SideEffects | None = None,
+        delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
     ) -> None:
         self.service = service
+        #: earlier deliveries that came back unsettled after which a message is dead-lettered
+        self.delivery_limit = delivery_limit
         self.metrics = metrics
         self.signing = signing
         self.effects = effects
@@ -351,6 +355,10 @@ class BatchProcessor:
             outcome = Outcome.REJECTED
         elif item.envelope.message_id not in staged.fresh:
             outcome = Outcome.DUPLICATE
+        elif (deliveries := delivery_count(delivery.headers)) >= self.delivery_limit:
+            staged.fresh.discard(item.envelope.message_id)
+            self.failures.delivery_limit_reached(conn, delivery.body, item, deliveries)
+            outcome = Outcome.DEAD_LETTERED
         elif item.envelope.step_key in staged.closed:
             staged.fresh.discard(item.envelope.message_id)
             self.failures.refuse_closed(conn, item)

@@ -4,6 +4,15 @@ The loop waits for a delivery, then takes every further delivery that is
 already waiting (up to ``prefetch``) and handles them all in one database
 transaction. Acknowledgements are sent only after that transaction commits:
 a crash in between means redelivery, and the inbox makes it harmless.
+
+On quorum queues the broker counts, in ``x-delivery-count``, the deliveries of a
+message that came back unsettled, and the consumer dead-letters a message whose
+count reached ``delivery_limit`` (:mod:`saga.consumers.failures`). A consumer
+that dies returns every delivery it held, and each one's count goes up, not only
+the one it died on; so a worker starts careful, taking one delivery at a time
+while what it gets are such redeliveries, and opens up to ``prefetch`` at the
+first fresh delivery. A message it keeps dying on then counts alone, and the
+messages behind it are neither held nor counted with it.
 """
 
 from __future__ import annotations
@@ -25,10 +34,12 @@ from kombu.message import Message
 from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.broker.transport import (
+    DEFAULT_DELIVERY_LIMIT,
     BrokerConfig,
     Topology,
     check_events_supported,
     declare_subscriptions,
+    delivery_count,
 )
 from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.db.sql import validate_schema
@@ -68,6 +79,9 @@ class ConsumerOptions:
     publish_after_commit: bool = True
     #: How long a side-effect call may run before another attempt may take it over.
     side_effect_lease: float = DEFAULT_LEASE.total_seconds()
+    #: Quorum queues: deliveries of one message that may come back unsettled (its consumer
+    #: died each time) before the next one is dead-lettered instead of handled.
+    delivery_limit: int = DEFAULT_DELIVERY_LIMIT
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -107,6 +121,7 @@ class Worker:
             metrics=metrics,
             signing=self.options.signing,
             batch_lock_timeout_ms=self.options.batch_lock_timeout_ms,
+            delivery_limit=self.options.delivery_limit,
             effects=SideEffects(
                 database_url,
                 schema=self.options.schema,
@@ -118,6 +133,8 @@ class Worker:
         self._buffer: list[Message] = []
         self._batch_failures: Counter[str] = Counter()
         self._db: psycopg.Connection[Any] | None = None
+        #: Taking one delivery at a time until a fresh one comes (quorum queues).
+        self._careful = False
         self._broker_conn: Connection | None = None
         self._consumer: Consumer | None = None
         self._publisher: BatchPublisher | None = None
@@ -177,8 +194,7 @@ class Worker:
         for hook in self.service.connect_hooks:
             with self._db.transaction():
                 hook(self._db)
-        conn = self.broker.connect()
-        conn.ensure_connection(max_retries=1)
+        conn = self.broker.connected()
         self._broker_conn = conn
         check_broker_durability(self.broker, conn)
         channel = conn.channel()
@@ -186,12 +202,13 @@ class Worker:
         queue(channel).declare()
         self._subscribe(conn, channel)
         self._buffer.clear()
+        self._careful = self.topology.is_quorum
         self._consumer = Consumer(
             channel,
             queues=[queue],
             on_message=self._buffer.append,
             accept=[CONTENT_TYPE],
-            prefetch_count=self.options.prefetch,
+            prefetch_count=1 if self._careful else self.options.prefetch,
         )
         self._consumer.consume()
         self._publisher = BatchPublisher(conn, self.topology, signing=self.options.signing)
@@ -247,6 +264,21 @@ class Worker:
             batch = self._buffer[: self.options.prefetch]
             del self._buffer[: len(batch)]
             self._handle(batch)
+            if self._careful and not any(delivery_count(m.headers) for m in batch):
+                self._open_up()
+
+    def _open_up(self) -> None:
+        """Consume again with the full prefetch: the redeliveries are behind.
+
+        A new prefetch applies to the consumers started after it; what the old one got
+        before its cancel was confirmed is in the buffer, on the same channel.
+        """
+        consumer = self._consumer
+        assert consumer is not None
+        consumer.cancel()
+        consumer.qos(prefetch_count=self.options.prefetch)
+        consumer.consume()
+        self._careful = False
 
     def _take_waiting(self, conn: Connection) -> None:
         while len(self._buffer) < self.options.prefetch:

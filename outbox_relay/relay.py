@@ -134,8 +134,7 @@ class Relay:
         except psycopg.OperationalError as exc:
             self.close()
             raise ConnectionError(redact_text(str(exc), self._secret)) from None
-        conn = self.broker.connect()
-        conn.ensure_connection(max_retries=1)
+        conn = self.broker.connected()
         self._broker_conn = conn
         check_broker_durability(self.broker, conn)
         self._publisher = BatchPublisher(

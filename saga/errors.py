@@ -172,6 +172,11 @@ class SignatureRejected(SagaError):
         self.message = message
 
 
+class DeliveryLimitReached(SagaError):
+    """A message its consumer kept dying on (quorum queues count its deliveries): recorded
+    as a dead letter's error instead of running its handler again."""
+
+
 class DeadLetterNotFound(SagaError):
     """No dead letter has this id."""
 

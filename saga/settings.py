@@ -6,22 +6,28 @@ command turns environment variables and options into them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from saga.broker.transport import DEFAULT_HEARTBEAT, DEFAULT_VISIBILITY_TIMEOUT
+from saga.broker.transport import (
+    DEFAULT_DELIVERY_LIMIT,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_VISIBILITY_TIMEOUT,
+)
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE
 from saga.errors import ConfigurationError
 from saga.messaging.signing import KeyRing
-from saga.observability.redaction import password_of, redact_url
+from saga.observability.redaction import password_of, passwords_of, redact_url
 
 ENV_DATABASE_URL = "SAGA_DATABASE_URL"
 ENV_BROKER_URL = "SAGA_BROKER_URL"
 ENV_SCHEMA = "SAGA_SCHEMA"
 ENV_ACCEPT_REDIS_MESSAGE_LOSS = "SAGA_ACCEPT_REDIS_MESSAGE_LOSS"
+ENV_QUEUE_TYPE = "SAGA_QUEUE_TYPE"
+ENV_DELIVERY_LIMIT = "SAGA_DELIVERY_LIMIT"
 
 
 class Settings(BaseSettings):
@@ -41,6 +47,11 @@ class Settings(BaseSettings):
     broker_lease: float = 30.0
     #: PostgreSQL broker: wake consumers with LISTEN/NOTIFY (false: poll only, for poolers).
     broker_listen: bool = True
+    #: RabbitMQ: ``quorum`` declares the destinations' queues as quorum queues (a cluster).
+    queue_type: Literal["classic", "quorum"] = "classic"
+    #: Quorum queues: a message delivered this many times without an acknowledgement (its
+    #: consumer died on it each time) becomes a dead letter instead of being handled again.
+    delivery_limit: int = Field(default=DEFAULT_DELIVERY_LIMIT, ge=1)
     side_effect_lease: float = DEFAULT_LEASE.total_seconds()
     signing_keys: SecretStr | None = None
     require_signature: bool = False
@@ -68,7 +79,7 @@ class Settings(BaseSettings):
 
     def secrets(self) -> list[str]:
         """Every secret these settings hold, to scrub from logs."""
-        found = [password_of(self.database_url), password_of(self.broker_url)]
+        found = [password_of(self.database_url), *passwords_of(self.broker_url)]
         if self.signing_keys:
             ring = KeyRing.parse(self.signing_keys.get_secret_value())
             found += [secret.decode() for _, secret in ring.keys]

@@ -32,6 +32,14 @@ come back when the lease of :data:`POSTGRES_LEASE_S` seconds ends), leaves trans
 idle and takes the gateway down. Nothing may be lost or handled twice, with no operator
 action but the replay.
 
+``--broker rabbitmq-cluster`` runs on a private three-node RabbitMQ cluster (see
+:mod:`saga.examples.order_saga.rabbitmq_cluster`) with quorum queues, every process given
+the three nodes' URLs. The deck SIGKILLs one node and starts it again
+(``kill_rabbitmq_node``, twice a deck, a different node each time: the others keep the
+quorum, and the clients fail over to them) besides killing and pausing processes,
+leaving transactions idle and taking the gateway down. The shared servers are never
+restarted. Nothing may be lost or handled twice, with no operator action but the replay.
+
 The last line is machine-readable::
 
     chaos: sagas=N faults=N lost=N duplicated=N unconverged=N converge_s=X
@@ -68,6 +76,7 @@ from saga.examples.order_saga.operator import BulkResume, replay_held
 from saga.examples.order_saga.orders import OrderData, create_order
 from saga.examples.order_saga.postgres_server import PostgresServer
 from saga.examples.order_saga.processes import SAGA
+from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
 from saga.examples.order_saga.redis_server import RedisServer
 from saga.examples.order_saga.supervisor import Supervisor
 
@@ -84,7 +93,16 @@ KINDS = (
 REDIS_KINDS = ("kill", "pause", "restart_redis", "idle_transaction", "gateway_outage")
 #: The faults of a PostgreSQL-broker run: the private PostgreSQL restarts, the shared never.
 POSTGRES_KINDS = ("kill", "pause", "restart_private_postgres", "idle_transaction", "gateway_outage")
-BROKERS = ("rabbitmq", "redis", "redis-volatile", "postgres")
+#: The faults of a run on a private RabbitMQ cluster: a node killed (twice a deck).
+RABBITMQ_CLUSTER_KINDS = (
+    "kill",
+    "pause",
+    "kill_rabbitmq_node",
+    "kill_rabbitmq_node",
+    "idle_transaction",
+    "gateway_outage",
+)
+BROKERS = ("rabbitmq", "rabbitmq-cluster", "redis", "redis-volatile", "postgres")
 #: PostgreSQL-broker runs: a message taken by a killed consumer comes back this soon (seconds).
 POSTGRES_LEASE_S = 10
 #: Redis runs: a message taken by a killed consumer comes back this soon (seconds).
@@ -102,10 +120,11 @@ RABBITMQ_PORT = urlsplit(BROKER_URL).port or 5672
 
 @dataclass
 class PrivateServers:
-    """The servers a run starts for itself (and may crash): none on RabbitMQ."""
+    """The servers a run starts for itself (and may crash): none on the local RabbitMQ."""
 
     redis: RedisServer | None = None
     postgres: PostgresServer | None = None
+    rabbitmq: RabbitCluster | None = None
 
     @classmethod
     def start(cls, broker: str) -> PrivateServers:
@@ -117,6 +136,9 @@ class PrivateServers:
             elif broker == "postgres":
                 servers.postgres = PostgresServer()
                 servers.postgres.start()
+            elif broker == "rabbitmq-cluster":
+                servers.rabbitmq = RabbitCluster(size=3)
+                servers.rabbitmq.start()
         except BaseException:
             servers.close()
             raise
@@ -138,7 +160,7 @@ class PrivateServers:
             conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
 
     def close(self) -> None:
-        for server in (self.redis, self.postgres):
+        for server in (self.redis, self.postgres, self.rabbitmq):
             if server is not None:
                 server.close()
 
@@ -176,6 +198,8 @@ class FaultInjector:
         self.heartbeat = heartbeat
         self.rng = rng
         self.done: Counter[str] = Counter()
+        self._nodes_killed = 0
+        self._node_restart: threading.Thread | None = None
         self.late_orders: list[str] = []
         self._threads: list[threading.Thread] = []
 
@@ -196,6 +220,25 @@ class FaultInjector:
         subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
         subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
         _wait_port(RABBITMQ_PORT, 60)
+
+    def ready(self, kind: str) -> bool:
+        """False for a node kill while the node killed last is still starting: one node
+        down at a time (the other faults go on meanwhile)."""
+        restarting = self._node_restart is not None and self._node_restart.is_alive()
+        return not (kind == "kill_rabbitmq_node" and restarting)
+
+    def kill_rabbitmq_node(self) -> None:
+        """SIGKILL the next node of the private cluster and start it again in the background
+        (it rejoins from its data folder) while the other two keep the quorum queues going
+        and the other faults go on."""
+        cluster = self.servers.rabbitmq
+        assert cluster is not None, "kill_rabbitmq_node needs a run on a private cluster"
+        node = cluster.nodes[self._nodes_killed % len(cluster.nodes)]
+        self._nodes_killed += 1
+        cluster.kill(node)
+        self._node_restart = threading.Thread(target=cluster.start_node, args=(node,))
+        self._node_restart.start()
+        self._threads.append(self._node_restart)
 
     def restart_redis(self) -> None:
         """Crash the run's private Redis (SIGKILL) and start it again."""
@@ -267,6 +310,8 @@ def kinds_of(broker: str) -> tuple[str, ...]:
     """The kinds of fault a run on ``broker`` injects."""
     if broker == "rabbitmq":
         return KINDS
+    if broker == "rabbitmq-cluster":
+        return RABBITMQ_CLUSTER_KINDS
     return POSTGRES_KINDS if broker == "postgres" else REDIS_KINDS
 
 
@@ -312,12 +357,15 @@ def _cluster(
     broker_url = BROKER_URL
     if servers.redis is not None:
         broker_url = servers.redis.url
+    elif servers.rabbitmq is not None:
+        broker_url = servers.rabbitmq.url
     elif broker_db is not None:
         broker_url = servers.url(broker_db)
     system = Cluster(
         {s: servers.url(n) for s, n in names.items()},
         broker_url,
         queue_prefix=f"chaos{run_id}.",
+        queue_type="quorum" if servers.rabbitmq is not None else "classic",
         extra_env={
             "SAGA_BROKER_HEARTBEAT": str(heartbeat),
             "ORDER_SAGA_FLAKINESS": "0.02",
@@ -382,20 +430,9 @@ def _run(
         f"chaos {run_id} on {broker}: {sagas} sagas over {duration:.0f}s, "
         f"a fault every {interval}s; logs in {logs}"
     )
-    started = time.monotonic()
-    deck: list[str] = []
     try:
-        while time.monotonic() - started < duration:
-            time.sleep(interval)
-            supervisor.watch()
-            deck = deck or _deck(rng, kinds)
-            kind = deck.pop()
-            try:
-                injector.inject(kind)
-            except (subprocess.CalledProcessError, RuntimeError) as exc:
-                print(f"chaos: fault {kind} could not be injected: {exc}")
-                raise
-            print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
+        _wait_port(system.gateway_port, 120)  # a loaded box starts it slowly
+        _inject_faults(supervisor, injector, rng, kinds, duration, interval)
         injector.settle()
         _wait_port(servers.postgres_port, 60)
         if broker == "rabbitmq":
@@ -436,6 +473,33 @@ def _run(
         for name in [*names.values(), *([broker_db] if broker_db else [])]:
             servers.admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
     return result
+
+
+def _inject_faults(
+    supervisor: Supervisor,
+    injector: FaultInjector,
+    rng: random.Random,
+    kinds: tuple[str, ...],
+    duration: float,
+    interval: float,
+) -> None:
+    """One fault every ``interval`` seconds for ``duration`` seconds, drawn from a deck."""
+    started = time.monotonic()
+    deck: list[str] = []
+    while time.monotonic() - started < duration:
+        time.sleep(interval)
+        supervisor.watch()
+        deck = deck or _deck(rng, kinds)
+        kind = deck.pop()
+        if not injector.ready(kind):
+            deck.insert(0, kind)  # later in the deck
+            continue
+        try:
+            injector.inject(kind)
+        except (subprocess.CalledProcessError, RuntimeError) as exc:
+            print(f"chaos: fault {kind} could not be injected: {exc}")
+            raise
+        print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
 
 
 def _redis_figures(refused: bool | None, resumer: BulkResume | None) -> dict[str, Any]:
@@ -486,14 +550,18 @@ def main(argv: list[str] | None = None) -> int:
         "--broker",
         choices=BROKERS,
         default="rabbitmq",
-        help="rabbitmq (restarts the local RabbitMQ and PostgreSQL), a private redis-server "
-        "with persistence (redis) or without (redis-volatile), restarted by the run, or "
-        "postgres (the PostgreSQL transport on a private PostgreSQL, restarted by the run)",
+        help="rabbitmq (restarts the local RabbitMQ and PostgreSQL), rabbitmq-cluster (a "
+        "private three-node RabbitMQ cluster with quorum queues, its nodes killed by the run), "
+        "a private redis-server with persistence (redis) or without (redis-volatile), "
+        "restarted by the run, or postgres (the PostgreSQL transport on a private PostgreSQL, "
+        "restarted by the run)",
     )
     args = parser.parse_args(argv)
-    tools = {"rabbitmq": ("rabbitmqctl", "pg_ctlcluster"), "postgres": ()}.get(
-        args.broker, ("redis-server",)
-    )
+    tools = {
+        "rabbitmq": ("rabbitmqctl", "pg_ctlcluster"),
+        "rabbitmq-cluster": ("rabbitmqctl",),
+        "postgres": (),
+    }.get(args.broker, ("redis-server",))
     for tool in tools:
         if shutil.which(tool) is None:
             print(f"chaos needs {tool} (a server it may restart)")

@@ -59,6 +59,8 @@ class Cluster:
     database_urls: dict[str, str]
     broker_url: str
     queue_prefix: str = "saga."
+    #: ``quorum`` on a RabbitMQ cluster (the processes get it in their ``extra_env``).
+    queue_type: str = "classic"
     extra_env: dict[str, str] = field(default_factory=dict)
     #: The fake payment gateway (the outside world); a free local port when not given.
     gateway_port: int = 0
@@ -110,8 +112,8 @@ class Cluster:
             return
         from saga.examples.order_saga import analytics, notifications
 
-        topology = Topology(queue_prefix=self.queue_prefix)
-        with BrokerConfig(self.broker_url).connect() as conn:
+        topology = Topology(queue_prefix=self.queue_prefix, queue_type=self.queue_type)
+        with BrokerConfig(self.broker_url).connected() as conn:
             channel = conn.channel()
             for subscriber in (notifications.service, analytics.service):
                 topology.queue(subscriber.name)(channel).declare()
@@ -142,6 +144,7 @@ class Cluster:
             "SAGA_DATABASE_URL": self.database_urls[service],
             "SAGA_BROKER_URL": self.broker_url,
             "SAGA_QUEUE_PREFIX": self.queue_prefix,
+            "SAGA_QUEUE_TYPE": self.queue_type,
             "PAYMENT_GATEWAY_URL": self.gateway_url,
             **({} if self.carries_events else {PUBLISH_EVENTS_VARIABLE: "false"}),
             **self.extra_env,

@@ -14,7 +14,7 @@ def waiting_messages(
 ) -> dict[str, int]:
     """Destination -> messages ready in its queue; a queue the broker lacks is left out."""
     found: dict[str, int] = {}
-    with config.connect() as conn:
+    with config.connected() as conn:
         channel = conn.channel()
         for destination in destinations:
             try:

@@ -6,7 +6,10 @@ broker's default exchange with the queue name as routing key: on RabbitMQ a
 transports (Redis, memory, PostgreSQL) put the message straight on the
 queue, with no binding table that a Redis restart could wipe.
 Both the relay and consumers declare the queues they use, idempotently, on
-every connect.
+every connect. On a RabbitMQ cluster the queues may be quorum queues
+(``queue_type="quorum"``: replicated, and counting each message's deliveries in its
+``x-delivery-count`` header, which the consumers' delivery limit reads); a broker URL
+may list several nodes separated by ``;``, tried in turn on every connect.
 
 Events have no destination: they go to one durable ``direct`` exchange,
 ``<queue_prefix>events``, with the event's type as routing key. Each subscribing
@@ -21,13 +24,15 @@ is dropped silently, so an event could be lost with no trace.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kombu import Connection, Exchange, Queue
 from kombu.transport import TRANSPORT_ALIASES
 
+from saga.broker.reconnect import transient_errors
 from saga.db.sql import validate_name
 from saga.errors import ConfigurationError, EventsNotSupported
 from saga.observability.redaction import redact_url
@@ -49,22 +54,52 @@ for _scheme in POSTGRES_SCHEMES:
     TRANSPORT_ALIASES[_scheme] = POSTGRES_TRANSPORT
 
 
+#: RabbitMQ's queue types a destination's queue may have (``x-queue-type``).
+QUEUE_TYPES = ("classic", "quorum")
+#: The header a quorum queue sets on a redelivery: how many deliveries came back unsettled.
+DELIVERY_COUNT_HEADER = "x-delivery-count"
+#: Deliveries of one message a consumer may die on before it dead-letters the message.
+DEFAULT_DELIVERY_LIMIT = 20
+
+
+def delivery_count(headers: Mapping[str, Any] | None) -> int:
+    """How many earlier deliveries of a message came back unsettled (0: its first delivery,
+    or a broker that does not count them)."""
+    count = (headers or {}).get(DELIVERY_COUNT_HEADER)
+    return count if isinstance(count, int) else 0
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """How destinations map to queues: ``queue_prefix + destination``."""
+    """How destinations map to queues: ``queue_prefix + destination``, of ``queue_type``."""
 
     queue_prefix: str = "saga."
     queue_arguments: dict[str, Any] = field(default_factory=dict)
+    #: ``quorum``: replicated queues for a RabbitMQ cluster (other brokers ignore it).
+    queue_type: str = "classic"
+
+    def __post_init__(self) -> None:
+        if self.queue_type not in QUEUE_TYPES:
+            raise ConfigurationError(
+                f"queue type {self.queue_type!r} is not one of {', '.join(QUEUE_TYPES)}"
+            )
+
+    @property
+    def is_quorum(self) -> bool:
+        return self.queue_type == "quorum"
 
     def queue_name(self, destination: str) -> str:
         return self.queue_prefix + validate_name(destination, "destination")
 
     def queue(self, destination: str) -> Queue:
+        arguments = {**self.queue_arguments}
+        if self.is_quorum:
+            arguments["x-queue-type"] = "quorum"
         return Queue(
             self.queue_name(destination),
             durable=True,
             auto_delete=False,
-            queue_arguments=self.queue_arguments or None,
+            queue_arguments=arguments or None,
         )
 
     @property
@@ -138,25 +173,25 @@ class BrokerConfig:
     accept_redis_message_loss: bool = False
 
     def __post_init__(self) -> None:
-        scheme = self.url.split("://", 1)[0].lower() if "://" in self.url else ""
-        if scheme.startswith("sqla"):
+        schemes = {_scheme_of(url) for url in self.urls}
+        if len(schemes) > 1:
             raise ConfigurationError(
-                f"broker URL {redact_url(self.url)!r}: kombu's SQLAlchemy transport is no longer "
-                "supported (it loses the messages of a consumer that dies); use the framework's "
-                "own PostgreSQL transport: postgresql://user:password@host/database"
-            )
-        if scheme not in SUPPORTED_SCHEMES:
-            raise ConfigurationError(
-                f"broker URL {redact_url(self.url)!r} is not supported: use one of "
-                + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
+                f"broker URL {redact_url(self.url)!r} lists nodes of different brokers "
+                f"({', '.join(sorted(schemes))}): every node of a failover list must be the "
+                "same kind of broker"
             )
 
     def __repr__(self) -> str:
         return f"BrokerConfig(url={redact_url(self.url)!r})"
 
     @property
+    def urls(self) -> tuple[str, ...]:
+        """The broker's nodes: ``url`` is one URL, or several separated by ``;`` (failover)."""
+        return tuple(url.strip() for url in self.url.split(";"))
+
+    @property
     def scheme(self) -> str:
-        return self.url.split("://", 1)[0].lower()
+        return _scheme_of(self.urls[0])
 
     @property
     def is_amqp(self) -> bool:
@@ -170,8 +205,34 @@ class BrokerConfig:
     def is_postgres(self) -> bool:
         return self.scheme in POSTGRES_SCHEMES
 
-    def connect(self) -> Connection:
-        """A new, not yet connected kombu connection."""
+    def connected(self) -> Connection:
+        """A connection to the first node that answers, trying every node once (from a
+        random one, so that clients spread over a cluster's nodes); the last node's error
+        when none does."""
+        start = random.randrange(len(self.urls))
+        order = [(start + step) % len(self.urls) for step in range(len(self.urls))]
+        for node in order[:-1]:
+            try:
+                return self._connected_to(node)
+            except transient_errors(self.connect(node)):
+                continue
+        return self._connected_to(order[-1])
+
+    def _connected_to(self, node: int) -> Connection:
+        connection = self.connect(node)
+        try:
+            connection.ensure_connection(max_retries=0)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def connect(self, node: int = 0) -> Connection:
+        """A new, not yet connected kombu connection to one node (the first by default).
+
+        One node per connection, not kombu's failover list: a connection that fails over
+        builds its next transport from the URL's scheme and drops the one chosen here.
+        """
         options: dict[str, Any] = {}
         transport: str | None = None
         if self.is_redis:
@@ -189,7 +250,7 @@ class BrokerConfig:
             # py-amqp with read-ahead and gathered writes (amqps:// keeps py-amqp's own).
             transport = "saga.broker.amqp_transport:Transport"
         connection = Connection(
-            self.url,
+            self.urls[node],
             heartbeat=self.heartbeat if self.is_amqp else 0,
             connect_timeout=self.connect_timeout,
             transport=transport,
@@ -198,3 +259,26 @@ class BrokerConfig:
         if not self.is_amqp and not self.is_postgres:
             connection.transport.polling_interval = self.polling_interval
         return connection
+
+
+def _scheme_of(url: str) -> str:
+    """The scheme of one node's URL, refused with the reason when it is not supported."""
+    if not url:
+        raise ConfigurationError(
+            "broker URL list has an empty entry (a stray ';'): separate the nodes' URLs "
+            "with ';', e.g. amqp://user:password@node1//;amqp://user:password@node2//"
+        )
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme.startswith("sqla"):
+        raise ConfigurationError(
+            f"broker URL {redact_url(url)!r}: kombu's SQLAlchemy transport is no longer "
+            "supported (it loses the messages of a consumer that dies); use the framework's "
+            "own PostgreSQL transport: postgresql://user:password@host/database"
+        )
+    if scheme not in SUPPORTED_SCHEMES:
+        raise ConfigurationError(
+            f"broker URL {redact_url(url)!r} is not supported: use one of "
+            + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
+            + " (several nodes: separate their URLs with ';')"
+        )
+    return scheme

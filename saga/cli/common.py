@@ -13,7 +13,12 @@ from rich.console import Console
 from rich.table import Table
 
 from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
-from saga.broker.transport import DEFAULT_HEARTBEAT, BrokerConfig
+from saga.broker.transport import (
+    DEFAULT_DELIVERY_LIMIT,
+    DEFAULT_HEARTBEAT,
+    BrokerConfig,
+    Topology,
+)
 from saga.cli.durations import parse_duration
 from saga.errors import DatabaseUnavailable
 from saga.observability.logs import configure_logging
@@ -23,6 +28,8 @@ from saga.settings import (
     ENV_ACCEPT_REDIS_MESSAGE_LOSS,
     ENV_BROKER_URL,
     ENV_DATABASE_URL,
+    ENV_DELIVERY_LIMIT,
+    ENV_QUEUE_TYPE,
     ENV_SCHEMA,
     Settings,
     load_settings,
@@ -63,7 +70,17 @@ BrokerUrlOption = Annotated[
     str | None,
     typer.Option(
         "--broker-url",
-        help=f"Broker URL: amqp://, redis://, postgresql:// or memory://. Env: {ENV_BROKER_URL}.",
+        help="Broker URL: amqp://, redis://, postgresql:// or memory://; a cluster's nodes "
+        f"separated by ';' (tried in turn). Env: {ENV_BROKER_URL}.",
+        show_default=False,
+    ),
+]
+QueueTypeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--queue-type",
+        help="RabbitMQ: classic (default) or quorum, the type the destinations' queues are "
+        f"declared with (quorum for a cluster; docs/scaling.md). Env: {ENV_QUEUE_TYPE}.",
         show_default=False,
     ),
 ]
@@ -119,12 +136,26 @@ LogFormatOption = Annotated[
 ]
 
 
+DeliveryLimitOption = Annotated[
+    int | None,
+    typer.Option(
+        "--delivery-limit",
+        help="Quorum queues: a message delivered this many times without being acknowledged "
+        "(its consumer died on it every time) becomes a dead letter (default "
+        f"{DEFAULT_DELIVERY_LIMIT}). Env: {ENV_DELIVERY_LIMIT}.",
+        show_default=False,
+    ),
+]
+
+
 def settings_from(
     database_url: str | None = None,
     broker_url: str | None = None,
     schema: str | None = None,
     heartbeat: int | None = None,
     accept_redis_message_loss: bool = False,
+    queue_type: str | None = None,
+    delivery_limit: int | None = None,
 ) -> Settings:
     return load_settings(
         database_url=database_url,
@@ -132,7 +163,14 @@ def settings_from(
         db_schema=schema,
         broker_heartbeat=str(heartbeat) if heartbeat is not None else None,
         accept_redis_message_loss="true" if accept_redis_message_loss else None,
+        queue_type=queue_type,
+        delivery_limit=str(delivery_limit) if delivery_limit is not None else None,
     )
+
+
+def topology(settings: Settings, queue_prefix: str) -> Topology:
+    """The queues of a relay or a consumer: ``queue_prefix`` and the settings' queue type."""
+    return Topology(queue_prefix=queue_prefix, queue_type=settings.queue_type)
 
 
 def connect(settings: Settings) -> psycopg.Connection[Any]:

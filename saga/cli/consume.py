@@ -6,16 +6,17 @@ from typing import Annotated
 
 import typer
 
-from saga.broker.transport import Topology
 from saga.cli.common import (
     AcceptRedisMessageLossOption,
     BrokerUrlOption,
     DatabaseUrlOption,
+    DeliveryLimitOption,
     HeartbeatOption,
     LogFormatOption,
     LogLevelOption,
     MetricsPortOption,
     QueuePrefixOption,
+    QueueTypeOption,
     SchemaOption,
     broker_config,
     err_console,
@@ -23,6 +24,7 @@ from saga.cli.common import (
     settings_from,
     setup_logging,
     stop_on_signals,
+    topology,
 )
 
 
@@ -32,6 +34,8 @@ def consume(
     broker_url: BrokerUrlOption = None,
     schema: SchemaOption = None,
     queue_prefix: QueuePrefixOption = "saga.",
+    queue_type: QueueTypeOption = None,
+    delivery_limit: DeliveryLimitOption = None,
     concurrency: Annotated[
         int, typer.Option(help="Worker threads, each with its own connections.")
     ] = 1,
@@ -61,7 +65,15 @@ def consume(
     from saga.consumers.worker import ConsumerOptions
     from saga.observability.redaction import redact_url
 
-    settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
+    settings = settings_from(
+        database_url,
+        broker_url,
+        schema,
+        heartbeat,
+        accept_redis_message_loss,
+        queue_type,
+        delivery_limit,
+    )
     setup_logging(settings, log_level, log_format)
     service = load_service(target)
     database_url, broker = settings.require_database_url(), broker_config(settings)
@@ -76,8 +88,9 @@ def consume(
             signing=settings.key_ring(),
             side_effect_lease=settings.side_effect_lease,
             publish_after_commit=publish_after_commit,
+            delivery_limit=settings.delivery_limit,
         ),
-        Topology(queue_prefix=queue_prefix),
+        topology(settings, queue_prefix),
         metrics=serve_metrics(metrics_port, settings),
         stop_event=stop_on_signals(),
     )

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from saga.broker.transport import Topology
 from saga.cli.common import (
     AcceptRedisMessageLossOption,
     BrokerUrlOption,
@@ -16,6 +15,7 @@ from saga.cli.common import (
     LogLevelOption,
     MetricsPortOption,
     QueuePrefixOption,
+    QueueTypeOption,
     SchemaOption,
     broker_config,
     err_console,
@@ -24,6 +24,7 @@ from saga.cli.common import (
     settings_from,
     setup_logging,
     stop_on_signals,
+    topology,
 )
 
 
@@ -32,6 +33,7 @@ def relay(
     broker_url: BrokerUrlOption = None,
     schema: SchemaOption = None,
     queue_prefix: QueuePrefixOption = "saga.",
+    queue_type: QueueTypeOption = None,
     batch_size: Annotated[int, typer.Option(help="Rows claimed and published per batch.")] = 500,
     max_attempts: Annotated[
         int, typer.Option(help="Failed publishes of one row before it is quarantined.")
@@ -57,7 +59,9 @@ def relay(
     """Publish committed outbox rows to the broker until SIGTERM (run any number of these)."""
     from saga.outbox_relay.relay import Relay, RelayOptions
 
-    settings = settings_from(database_url, broker_url, schema, heartbeat, accept_redis_message_loss)
+    settings = settings_from(
+        database_url, broker_url, schema, heartbeat, accept_redis_message_loss, queue_type
+    )
     setup_logging(settings, log_level, log_format)
     options = RelayOptions(
         schema=settings.db_schema,
@@ -72,7 +76,7 @@ def relay(
         settings.require_database_url(),
         broker_config(settings),
         options,
-        Topology(queue_prefix=queue_prefix),
+        topology(settings, queue_prefix),
         metrics=serve_metrics(metrics_port, settings),
     )
     stop = stop_on_signals()

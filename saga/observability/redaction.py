@@ -11,9 +11,12 @@ _URL_IN_TEXT = re.compile(r"([a-z][a-z0-9+.-]*://)([^/\s:@]*):([^@\s]*)@", re.IG
 
 
 def redact_url(url: str | None) -> str:
-    """Return ``url`` with any password replaced by ``***`` (URL or key=value DSN)."""
+    """Return ``url`` with any password replaced by ``***`` (URL or key=value DSN; a list of
+    URLs separated by ``;``, a broker's failover nodes, URL by URL)."""
     if not url:
         return ""
+    if _is_url_list(url):
+        return ";".join(redact_url(one) for one in url.split(";"))
     if "://" not in url:
         return _KEYWORD_PASSWORD.sub(r"\1***", url)
     try:
@@ -32,6 +35,12 @@ def redact_url(url: str | None) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def _is_url_list(text: str) -> bool:
+    """True for URLs separated by ``;`` (a ``;`` inside one URL, a password's, is not)."""
+    parts = text.split(";")
+    return len(parts) > 1 and all("://" in part for part in parts if part)
+
+
 def redact_text(text: str, *secrets: str | None) -> str:
     """Mask URL passwords, ``password=`` pairs and any of ``secrets`` found in ``text``."""
     text = _URL_IN_TEXT.sub(r"\1\2:***@", text)
@@ -40,6 +49,14 @@ def redact_text(text: str, *secrets: str | None) -> str:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+def passwords_of(url: str | None) -> list[str]:
+    """Every password inside ``url`` (each node's of a ``;``-separated failover list)."""
+    if not url:
+        return []
+    found = (password_of(one) for one in (url.split(";") if _is_url_list(url) else [url]))
+    return [password for password in found if password]
 
 
 def password_of(url: str | None) -> str | None:

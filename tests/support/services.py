@@ -7,6 +7,7 @@ duplicate effect shows up as a duplicate row instead of being hidden.
 from __future__ import annotations
 
 import os
+import signal
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,12 @@ class Flaky(BaseModel):
     fail_times: int
 
 
+class Crash(BaseModel):
+    """A message its handler kills the process on (SIGKILL, nothing committed), every time."""
+
+    key: str
+
+
 def effects_per_key(db: TestDatabase, kind: str) -> dict[str, int]:
     """How many times each key got an effect of ``kind`` (a duplicate counts 2, not 1)."""
     rows = db.rows("SELECT key, count(*) FROM public.effects WHERE kind = %s GROUP BY key", (kind,))
@@ -85,6 +92,11 @@ def handle_hop(tx: psycopg.Connection[Any], msg: Hop, ctx: HandlerContext) -> No
     _effect(tx, "hop", msg.chain, msg.seq)
     if msg.seq < msg.last:
         ctx.send(Hop(chain=msg.chain, seq=msg.seq + 1, last=msg.last), to=ctx.service)
+
+
+@service.handler(Crash)
+def handle_crash(tx: psycopg.Connection[Any], msg: Crash, ctx: HandlerContext) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 @service.handler(Refuse)

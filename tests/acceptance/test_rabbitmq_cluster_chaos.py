@@ -1,0 +1,28 @@
+"""A short chaos run on a private three-node RabbitMQ cluster with quorum queues: while
+orders flow, one node is SIGKILLed and started again, later another; nothing is lost or
+applied twice and every saga ends (``make chaos CHAOS_ARGS="--broker rabbitmq-cluster"``
+runs a longer one). The shared servers are never restarted."""
+
+from __future__ import annotations
+
+import ast
+
+from saga.examples.order_saga.chaos import RABBITMQ_CLUSTER_KINDS
+from saga.examples.order_saga.rabbitmq_cluster import RABBITMQ_BIN, rabbitmq_installed
+from tests.support import servers
+from tests.support.chaos_runs import run_chaos
+
+
+def test_chaos_on_a_three_node_cluster_loses_nothing_when_nodes_are_killed() -> None:
+    if not rabbitmq_installed():
+        servers.unavailable("rabbitmq-server", f"{servers.RABBITMQCTL_HINT} ({RABBITMQ_BIN})")
+    output, figures = run_chaos(
+        "--broker", "rabbitmq-cluster", "--sagas", "60", "--duration", "120", "--interval", "2.5",
+        "--seed", "3", timeout=1200,
+    )  # fmt: skip
+    assert figures["lost"] == figures["duplicated"] == figures["unconverged"] == "0", figures
+    assert int(figures["sagas"]) >= 60
+    injected = next(line for line in output.splitlines() if line.startswith("faults injected"))
+    by_kind = ast.literal_eval(injected.split(" ", 3)[3])
+    assert set(by_kind) == set(RABBITMQ_CLUSTER_KINDS), injected
+    assert by_kind["kill_rabbitmq_node"] >= 2, injected  # one node, later another
