@@ -31,6 +31,7 @@ from saga.broker.transport import (
     declare_subscriptions,
 )
 from saga.consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
 from saga.errors import ConfigurationError, SagaError
@@ -68,6 +69,8 @@ class ConsumerOptions:
     publish_after_commit: bool = True
     #: How long a side-effect call may run before another attempt may take it over.
     side_effect_lease: float = DEFAULT_LEASE.total_seconds()
+    #: Direct or through a transaction-mode pooler (no prepared statements then).
+    database: DatabaseAccess = DIRECT
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -111,6 +114,7 @@ class Worker:
                 database_url,
                 schema=self.options.schema,
                 lease=timedelta(seconds=self.options.side_effect_lease),
+                connection_kwargs=self.options.database.connection_kwargs(),
             ),
         )
         self.counts: Counter[Outcome] = Counter()
@@ -171,7 +175,7 @@ class Worker:
     def _connect(self) -> None:
         self._close()
         try:
-            self._db = psycopg.connect(self.database_url, autocommit=False)
+            self._db = self.options.database.connect(self.database_url, autocommit=False)
         except psycopg.OperationalError as exc:
             raise ConnectionError(redact_text(str(exc), self._secret)) from None
         for hook in self.service.connect_hooks:

@@ -76,6 +76,7 @@ def consume(
             signing=settings.key_ring(),
             side_effect_lease=settings.side_effect_lease,
             publish_after_commit=publish_after_commit,
+            database=settings.database_access(),
         ),
         Topology(queue_prefix=queue_prefix),
         metrics=serve_metrics(metrics_port, settings),
