@@ -25,7 +25,7 @@ def test_behind_a_transaction_pooler_no_statement_is_prepared() -> None:
 
 
 def test_behind_a_pooler_listening_needs_a_direct_url() -> None:
-    with pytest.raises(ConfigurationError, match="SAGA_LISTEN_DATABASE_URL.*SAGA_WAKEUPS=poll"):
+    with pytest.raises(ConfigurationError, match=r"SAGA_LISTEN_DATABASE_URL.*SAGA_WAKEUPS=poll"):
         load_settings(pooler="transaction").database_access()
     access = load_settings(pooler="transaction", listen_database_url=DIRECT_URL).database_access()
     assert access.listens and access.listen_url == DIRECT_URL
