@@ -17,7 +17,9 @@ import psycopg
 from kombu import Connection
 
 from saga.broker.transport import BrokerConfig, Topology, declare_subscriptions
+from saga.db.connections import DIRECT, DatabaseAccess, Pooler, Wakeups
 from saga.db.schema import migrate
+from saga.settings import ENV_POOLER, ENV_WAKEUPS
 
 #: The order saga's services: its home and its participants.
 SAGA_SERVICES = ("orders", "customers", "inventory", "payments")
@@ -32,6 +34,8 @@ TARGETS = {
     "notifications": "saga.examples.order_saga.notifications:service",
     "analytics": "saga.examples.order_saga.analytics:service",
 }
+#: The settings of a process whose databases are behind a transaction pooler.
+POOLED_ENV = {ENV_POOLER: Pooler.TRANSACTION.value, ENV_WAKEUPS: Wakeups.POLL.value}
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 #: "false": orders publishes no event (on a broker that carries commands only).
 PUBLISH_EVENTS_VARIABLE = "ORDERS_PUBLISH_EVENTS"
@@ -62,6 +66,11 @@ class Cluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: The fake payment gateway (the outside world); a free local port when not given.
     gateway_port: int = 0
+    #: Relay and consumer processes per service (as if on that many hosts).
+    processes: int = 1
+    #: How every process reaches the databases: directly, or through a transaction pooler
+    #: (its processes then poll: nothing LISTENs through the pooler).
+    access: DatabaseAccess = DIRECT
 
     def __post_init__(self) -> None:
         if not self.gateway_port:
@@ -95,7 +104,7 @@ class Cluster:
         """Migrate every database, create the business tables and bind the subscribers'
         queues (idempotent)."""
         for service in self.services:
-            with psycopg.connect(self.database_urls[service]) as conn:
+            with self.connect(service) as conn:
                 migrate(conn, "saga")
                 conn.execute((SCHEMA_DIR / f"{service}.sql").read_bytes())
         self._seed()
@@ -118,12 +127,12 @@ class Cluster:
                 declare_subscriptions(channel, topology, subscriber.name, subscriber.subscriptions)
 
     def _seed(self) -> None:
-        with psycopg.connect(self.database_urls["customers"]) as conn:
+        with self.connect("customers") as conn:
             conn.cursor().executemany(
                 "INSERT INTO credit VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                 [(c, CREDIT_EACH, CREDIT_EACH) for c in RICH_CUSTOMERS] + [(BROKE_CUSTOMER, 0, 0)],
             )
-        with psycopg.connect(self.database_urls["inventory"]) as conn:
+        with self.connect("inventory") as conn:
             conn.cursor().executemany(
                 "INSERT INTO stock VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                 [(s, STOCK_EACH, STOCK_EACH) for s in COMMON_SKUS] + [(RARE_SKU, 0, 0)],
@@ -144,6 +153,7 @@ class Cluster:
             "SAGA_QUEUE_PREFIX": self.queue_prefix,
             "PAYMENT_GATEWAY_URL": self.gateway_url,
             **({} if self.carries_events else {PUBLISH_EVENTS_VARIABLE: "false"}),
+            **(POOLED_ENV if self.access.pooled else {}),
             **self.extra_env,
         }
 
@@ -154,15 +164,20 @@ class Cluster:
 
     def commands(self) -> list[tuple[str, list[str], dict[str, str]]]:
         """(name, arguments, environment) of every process: the gateway, then for each
-        service a relay and a consumer."""
+        service :attr:`processes` relays and consumers (the first of each named without a
+        number: ``orders-relay``, ``orders``, then ``orders-relay-2``, ``orders-2``...)."""
         result = [self.gateway_command()]
         for service in self.services:
-            result.append((f"{service}-relay", ["relay"], self.env(service)))
-            result.append((service, ["consume", TARGETS[service]], self.env(service)))
+            for n in range(1, self.processes + 1):
+                suffix = f"-{n}" if n > 1 else ""
+                result.append((f"{service}-relay{suffix}", ["relay"], self.env(service)))
+                result.append(
+                    (f"{service}{suffix}", ["consume", TARGETS[service]], self.env(service))
+                )
         return result
 
     def connect(self, service: str, **kwargs: Any) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.database_urls[service], **kwargs)
+        return self.access.connect(self.database_urls[service], **kwargs)
 
 
 def delete_queues(broker_url: str, queue_prefix: str, destinations: Iterable[str]) -> None:
