@@ -97,6 +97,13 @@ class Cluster:
         return all(s in self.services for s in SUBSCRIBERS)
 
     @property
+    def broker(self) -> BrokerConfig:
+        """The broker as this cluster's processes reach it (a PostgreSQL broker behind the
+        pooler too, polling)."""
+        pooled = self.access.pooled
+        return BrokerConfig(self.broker_url, pooled=pooled, listen=not pooled)
+
+    @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
@@ -120,7 +127,7 @@ class Cluster:
         from saga.examples.order_saga import analytics, notifications
 
         topology = Topology(queue_prefix=self.queue_prefix)
-        with BrokerConfig(self.broker_url).connect() as conn:
+        with self.broker.connect() as conn:
             channel = conn.channel()
             for subscriber in (notifications.service, analytics.service):
                 topology.queue(subscriber.name)(channel).declare()
@@ -143,7 +150,7 @@ class Cluster:
 
     def delete_queues(self) -> None:
         """Remove the services' queues from the broker (scratch runs clean up after themselves)."""
-        delete_queues(self.broker_url, self.queue_prefix, self.services)
+        delete_queues(self.broker, self.queue_prefix, self.services)
 
     def env(self, service: str) -> dict[str, str]:
         """The environment of a ``saga relay`` or ``saga consume`` process for ``service``."""
@@ -180,11 +187,14 @@ class Cluster:
         return self.access.connect(self.database_urls[service], **kwargs)
 
 
-def delete_queues(broker_url: str, queue_prefix: str, destinations: Iterable[str]) -> None:
+def delete_queues(
+    broker: str | BrokerConfig, queue_prefix: str, destinations: Iterable[str]
+) -> None:
     """Remove the queues of ``destinations`` under ``queue_prefix``, messages and all, and
     the events exchange."""
     topology = Topology(queue_prefix=queue_prefix)
-    with Connection(broker_url) as conn:
+    connection = broker.connect() if isinstance(broker, BrokerConfig) else Connection(broker)
+    with connection as conn:
         channel = conn.channel()
         for destination in destinations:
             topology.queue(destination)(channel).delete()
