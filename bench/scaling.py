@@ -19,6 +19,7 @@ machines (docs/scaling.md prints its table).
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from dataclasses import dataclass
@@ -158,7 +159,8 @@ def project(costs: Run, where: Deployment) -> dict[str, float]:
 def figures_and_rows(runs: list[Run]) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
     """What the report shows: each run, the model's prediction for it, the 4-process check."""
     base = runs[0]
-    figures: dict[str, float] = {}
+    # Another run on a shared machine inflates every cost: the report says how loaded it was.
+    figures: dict[str, float] = {"load_average_1min_at_end": round(os.getloadavg()[0], 2)}
     rows: list[tuple[str, str, str]] = []
     for run in runs:
         predicted, limit = predict(base, run.processes, run.cores)
