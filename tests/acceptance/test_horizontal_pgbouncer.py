@@ -6,8 +6,6 @@ and exactly-once effects, and the pooler must cost nothing in correctness."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 from saga.db.connections import POOLED_POLLING
@@ -16,8 +14,8 @@ from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
 from saga.examples.order_saga.pgbouncer_server import PgBouncerServer, pgbouncer_program
-from saga.examples.order_saga.processes import REPO
 from tests.support import servers
+from tests.support.chaos_runs import clean_chaos_run
 from tests.support.example_cluster import services_as_processes
 
 ORDERS = 300
@@ -52,20 +50,8 @@ def test_chaos_through_pgbouncer_with_two_processes_per_service() -> None:
     """The chaos run on the PostgreSQL broker (its private PostgreSQL crashed and started
     again behind the pooler; the shared servers are never restarted)."""
     servers.pgbouncer(pgbouncer_program())  # on CI, a missing PgBouncer fails here
-    result = subprocess.run(
-        [sys.executable, "-m", "saga.examples.order_saga.chaos", "--broker", "postgres",
-         "--pgbouncer", "--processes", "2", "--sagas", "80", "--duration", "30",
-         "--interval", "1.5", "--heartbeat", "2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert "through PgBouncer, 2 process(es) per service" in output, output[-3000:]
-    assert result.returncode == 0, output[-4000:]
-    last = result.stdout.strip().splitlines()[-1]
-    figures = dict(item.split("=") for item in last.removeprefix("chaos: ").split())
-    assert figures["lost"] == figures["duplicated"] == figures["unconverged"] == "0", last
-    assert int(figures["sagas"]) >= 80
+    run = clean_chaos_run("--broker", "postgres", "--pgbouncer", "--processes", "2",
+                          "--sagas", "80", "--duration", "30", "--interval", "1.5",
+                          "--heartbeat", "2")  # fmt: skip
+    assert "through PgBouncer, 2 process(es) per service" in run.output, run.output[-3000:]
+    assert int(run.figures["sagas"]) >= 80
