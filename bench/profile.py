@@ -45,12 +45,17 @@ SERVERS = {"postgres": "PostgreSQL", "beam.smp": "RabbitMQ"}
 
 
 def _server_pids() -> list[tuple[str, int]]:
-    """(server, pid) of every PostgreSQL and RabbitMQ process, in one pass over /proc."""
+    """(server, pid) of every PostgreSQL and RabbitMQ process, in one pass over /proc;
+    not the private servers other runs start under the temporary folder (a test's
+    RabbitMQ node or PostgreSQL cluster on a shared machine)."""
     found = []
+    private = tempfile.gettempdir()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 comm = (entry / "comm").read_text()
+                if os.readlink(entry / "cwd").startswith(private):
+                    continue
             except OSError:
                 continue
             for prefix, server in SERVERS.items():

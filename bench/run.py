@@ -32,6 +32,7 @@ from bench import (
     report,
     saga_e2e,
     saga_sql_ceiling,
+    scaling,
     three_step_saga,
 )
 from bench.environment import ScratchDatabase, machine
@@ -386,6 +387,34 @@ def _dashboard(args: argparse.Namespace, figures: Figures) -> list[Row]:
     return rows
 
 
+def _scaling(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """The order saga with 1, 2 and 4 consumer processes per service; the capacity model's
+    prediction of each from the 1-process costs; its projection onto more machines."""
+    runs = []
+    for processes in scaling.PROCESS_COUNTS:
+        label = f"order saga, {processes} consumer process(es) per service"
+        run, failed = _attempt(label, lambda n=processes: scaling.measure(n, args.sagas))
+        if run is None:
+            return [(label, "not measured", failed)]
+        runs.append(run)
+    found, rows = scaling.figures_and_rows(runs)
+    figures |= found
+    for hosts in (1, 4, 16, 64):
+        where = scaling.Deployment(hosts=hosts)
+        tiers = scaling.project(runs[0], where)
+        limit = min(tiers, key=lambda name: tiers[name])
+        figures[f"projection_{hosts}_hosts_sagas_per_s"] = round(tiers[limit])
+        rows.append(
+            (
+                f"projection: {hosts} hosts of {where.cores_per_host} cores",
+                f"{tiers[limit]:,.0f} sagas/s",
+                f"bound by {limit}; "
+                + ", ".join(f"{name} {value:,.0f}" for name, value in tiers.items()),
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=50_000, help="messages per measurement")
@@ -430,8 +459,15 @@ def main() -> None:
         action="store_true",
         help="measure events to three subscribers against commands to one alone (bench.events)",
     )
+    parser.add_argument(
+        "--only-scaling",
+        action="store_true",
+        help="measure the order saga with 1, 2 and 4 consumer processes per service and the "
+        "capacity model's predictions alone (bench.scaling)",
+    )
     args = parser.parse_args()
     partial = {
+        "scaling": (args.only_scaling, _scaling),
         "pg-broker": (args.only_pg_broker, _pg_broker),
         "saga-sql": (args.only_saga_sql, _saga_sql),
         "sagas": (args.only_sagas, _sagas),

@@ -54,6 +54,7 @@ class Bench:
         orchestrators: int = 1,
         *,
         log_statements: bool = False,
+        processes: int = 1,
     ) -> None:
         self.run_id = uuid.uuid4().hex[:6]
         self.databases = {  # migrated by Cluster.prepare
@@ -68,9 +69,12 @@ class Bench:
             queue_prefix=f"bench{self.run_id}.",
         )
         self.system.prepare()
-        # one consumer process per service, ``orchestrators`` of them for orders
-        names = [f"orders-{i + 1}" for i in range(1, orchestrators)]
-        consumers = [(s, s) for s in SAGA_SERVICES] + [(name, "orders") for name in names]
+        # ``processes`` consumer processes per service (``orchestrators`` for orders if more)
+        consumers = [
+            (s if i == 0 else f"{s}-{i + 1}", s)
+            for s in SAGA_SERVICES
+            for i in range(max(processes, orchestrators) if s == "orders" else processes)
+        ]
         self.ports = {name: FIRST_PORT + i for i, (name, _) in enumerate(consumers)}
         commands = [self.system.gateway_command()]
         for service in SAGA_SERVICES:

@@ -42,6 +42,7 @@ from saga.broker.transport import (
     delivery_count,
 )
 from saga.consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
 from saga.errors import ConfigurationError, SagaError
@@ -82,6 +83,8 @@ class ConsumerOptions:
     #: Quorum queues: deliveries of one message that may come back unsettled (its consumer
     #: died each time) before the next one is dead-lettered instead of handled.
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
+    #: Direct or through a transaction-mode pooler (no prepared statements then).
+    database: DatabaseAccess = DIRECT
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -126,6 +129,7 @@ class Worker:
                 database_url,
                 schema=self.options.schema,
                 lease=timedelta(seconds=self.options.side_effect_lease),
+                connection_kwargs=self.options.database.connection_kwargs(),
             ),
         )
         self.counts: Counter[Outcome] = Counter()
@@ -188,7 +192,7 @@ class Worker:
     def _connect(self) -> None:
         self._close()
         try:
-            self._db = psycopg.connect(self.database_url, autocommit=False)
+            self._db = self.options.database.connect(self.database_url, autocommit=False)
         except psycopg.OperationalError as exc:
             raise ConnectionError(redact_text(str(exc), self._secret)) from None
         for hook in self.service.connect_hooks:

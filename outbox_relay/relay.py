@@ -24,6 +24,7 @@ from kombu import Connection
 from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.broker.transport import BrokerConfig, Topology
+from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
 from saga.errors import ConfigurationError
 from saga.faults import fault_point
@@ -58,6 +59,8 @@ class RelayOptions:
     retention: RetentionPolicy | None = None
     #: Sign every message with the ring's newest key (HMAC-SHA256 over the body).
     signing: KeyRing | None = None
+    #: Direct or through a transaction-mode pooler; where wake-ups come from.
+    database: DatabaseAccess = DIRECT
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -78,7 +81,8 @@ class BatchReport:
 
 
 class Relay:
-    """One relay worker: a database connection, a LISTEN connection and a broker connection."""
+    """One relay worker: a database connection, a LISTEN connection (unless it polls) and a
+    broker connection."""
 
     def __init__(
         self,
@@ -122,15 +126,17 @@ class Relay:
         self.close()
 
     def connect(self) -> None:
-        """Open the database, LISTEN and broker connections (once; no retry)."""
+        """Open the database, LISTEN (unless polling) and broker connections (once; no retry)."""
         self.close()
+        access = self.options.database
         try:
-            self._db = psycopg.connect(self.database_url, autocommit=False)
+            self._db = access.connect(self.database_url, autocommit=False)
             check_durability(self._db, allow_async_commit=self.options.allow_async_commit)
             self._check_prune_privileges(self._db)
             self._db.commit()
-            self._listen = psycopg.connect(self.database_url, autocommit=True)
-            self._listen.execute(f"LISTEN {wake_channel(self.options.schema)}")
+            self._listen = access.connect_listener(self.database_url)
+            if self._listen is not None:
+                self._listen.execute(f"LISTEN {wake_channel(self.options.schema)}")
         except psycopg.OperationalError as exc:
             self.close()
             raise ConnectionError(redact_text(str(exc), self._secret)) from None
@@ -263,10 +269,13 @@ class Relay:
 
     def _wait(self, stop: threading.Event, seconds: float) -> None:
         listen = self._listen
+        if listen is None:  # polling only
+            stop.wait(seconds)
+            return
         deadline = time.monotonic() + seconds
         while not stop.is_set():
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or listen is None:
+            if remaining <= 0:
                 return
             for _ in listen.notifies(timeout=min(remaining, 0.25), stop_after=1):
                 return

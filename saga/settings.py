@@ -16,6 +16,7 @@ from saga.broker.transport import (
     DEFAULT_HEARTBEAT,
     DEFAULT_VISIBILITY_TIMEOUT,
 )
+from saga.db.connections import DatabaseAccess, Pooler, Wakeups
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE
 from saga.errors import ConfigurationError
@@ -28,6 +29,9 @@ ENV_SCHEMA = "SAGA_SCHEMA"
 ENV_ACCEPT_REDIS_MESSAGE_LOSS = "SAGA_ACCEPT_REDIS_MESSAGE_LOSS"
 ENV_QUEUE_TYPE = "SAGA_QUEUE_TYPE"
 ENV_DELIVERY_LIMIT = "SAGA_DELIVERY_LIMIT"
+ENV_POOLER = "SAGA_POOLER"
+ENV_WAKEUPS = "SAGA_WAKEUPS"
+ENV_LISTEN_DATABASE_URL = "SAGA_LISTEN_DATABASE_URL"
 
 
 class Settings(BaseSettings):
@@ -45,8 +49,17 @@ class Settings(BaseSettings):
     redis_visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     #: PostgreSQL broker: seconds a consumer holds a message it took (renewed while it lives).
     broker_lease: float = 30.0
-    #: PostgreSQL broker: wake consumers with LISTEN/NOTIFY (false: poll only, for poolers).
-    broker_listen: bool = True
+    #: PostgreSQL broker: wake consumers with LISTEN/NOTIFY (false: poll only, for poolers;
+    #: unset: listen unless behind a transaction pooler or SAGA_WAKEUPS=poll).
+    broker_listen: bool | None = None
+    #: What stands before every PostgreSQL this process uses (the database, a PostgreSQL
+    #: broker): ``none``, or ``transaction`` for PgBouncer's transaction mode.
+    pooler: Pooler = Pooler.NONE
+    #: How a waiting relay learns of new outbox rows: ``listen`` (LISTEN/NOTIFY, on
+    #: SAGA_LISTEN_DATABASE_URL behind a pooler) or ``poll``.
+    wakeups: Wakeups = Wakeups.LISTEN
+    #: A direct URL to the database, past the pooler, for the relay's LISTEN connection.
+    listen_database_url: str | None = None
     #: RabbitMQ: ``quorum`` declares the destinations' queues as quorum queues (a cluster).
     queue_type: Literal["classic", "quorum"] = "classic"
     #: Quorum queues: a message delivered this many times without an acknowledgement (its
@@ -77,9 +90,26 @@ class Settings(BaseSettings):
         ring = KeyRing.parse(spec, require=self.require_signature)
         return ring if ring.keys else None  # a ring that requires signatures has keys
 
+    def database_access(self) -> DatabaseAccess:
+        """Direct or through a transaction pooler, and where wake-ups come from
+        (:class:`ConfigurationError` for settings that contradict each other)."""
+        return DatabaseAccess(self.pooler, self.wakeups, self.listen_database_url)
+
+    def broker_listens(self) -> bool:
+        """Whether a PostgreSQL broker's consumers LISTEN (else they poll)."""
+        can_listen = self.pooler is Pooler.NONE and self.wakeups is Wakeups.LISTEN
+        if self.broker_listen and not can_listen:
+            raise ConfigurationError(
+                f"SAGA_BROKER_LISTEN=true contradicts {ENV_POOLER}={self.pooler.value} "
+                f"{ENV_WAKEUPS}={self.wakeups.value}: the PostgreSQL broker cannot LISTEN "
+                "through a transaction pooler, and polls when wake-ups are polled"
+            )
+        return can_listen if self.broker_listen is None else self.broker_listen
+
     def secrets(self) -> list[str]:
         """Every secret these settings hold, to scrub from logs."""
         found = [password_of(self.database_url), *passwords_of(self.broker_url)]
+        found.append(password_of(self.listen_database_url))
         if self.signing_keys:
             ring = KeyRing.parse(self.signing_keys.get_secret_value())
             found += [secret.decode() for _, secret in ring.keys]

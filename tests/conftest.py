@@ -7,11 +7,13 @@ with one summary line per missing server saying how to enable that tier.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
 from saga.examples.order_saga.cluster import Cluster
+from saga.examples.order_saga.pgbouncer_server import PgBouncerServer, pgbouncer_program
 from saga.examples.order_saga.redis_server import RedisServer
 from tests.support import sagas, servers, services
 from tests.support.brokers import TestBroker
@@ -84,6 +86,20 @@ def empty_db(database_factory: DatabaseFactory) -> Iterator[TestDatabase]:
     database = database_factory.create_empty()
     yield database
     database_factory.drop(database.name)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_url: str) -> Iterator[PgBouncerServer]:
+    """A private PgBouncer in transaction mode in front of the test PostgreSQL."""
+    program = servers.pgbouncer(pgbouncer_program())
+    backend = urlsplit(postgres_url)
+    with PgBouncerServer(
+        backend.hostname or "127.0.0.1",
+        backend.port or 5432,
+        users=(backend.username or "postgres",),
+        program=program,
+    ) as bouncer:
+        yield bouncer
 
 
 @pytest.fixture

@@ -40,6 +40,13 @@ quorum, and the clients fail over to them) besides killing and pausing processes
 leaving transactions idle and taking the gateway down. The shared servers are never
 restarted. Nothing may be lost or handled twice, with no operator action but the replay.
 
+``--pgbouncer`` puts every database URL of the services, the relays, the driver and a
+PostgreSQL broker through a private PgBouncer in transaction mode (see
+:mod:`saga.examples.order_saga.pgbouncer_server`) in front of the run's PostgreSQL: the
+processes run with ``SAGA_POOLER=transaction`` and ``SAGA_WAKEUPS=poll``, and PostgreSQL
+restarts behind the pooler. ``--processes N`` runs N relays and N consumers per service
+(as if on N hosts): per-saga order and exactly-once must hold across them.
+
 The last line is machine-readable::
 
     chaos: sagas=N faults=N lost=N duplicated=N unconverged=N converge_s=X
@@ -68,12 +75,14 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg import sql
 
+from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import SERVICES, Cluster
 from saga.examples.order_saga.gateway import GatewayClient
 from saga.examples.order_saga.operator import BulkResume, replay_held
 from saga.examples.order_saga.orders import OrderData, create_order
+from saga.examples.order_saga.pgbouncer_server import PgBouncerServer
 from saga.examples.order_saga.postgres_server import PostgresServer
 from saga.examples.order_saga.processes import SAGA
 from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
@@ -120,14 +129,16 @@ RABBITMQ_PORT = urlsplit(BROKER_URL).port or 5672
 
 @dataclass
 class PrivateServers:
-    """The servers a run starts for itself (and may crash): none on the local RabbitMQ."""
+    """The servers a run starts for itself (and may crash, but for PgBouncer): none on
+    the local RabbitMQ."""
 
     redis: RedisServer | None = None
     postgres: PostgresServer | None = None
     rabbitmq: RabbitCluster | None = None
+    pgbouncer: PgBouncerServer | None = None
 
     @classmethod
-    def start(cls, broker: str) -> PrivateServers:
+    def start(cls, broker: str, *, pgbouncer: bool = False) -> PrivateServers:
         servers = cls()
         try:
             if broker.startswith("redis"):
@@ -139,6 +150,12 @@ class PrivateServers:
             elif broker == "rabbitmq-cluster":
                 servers.rabbitmq = RabbitCluster(size=3)
                 servers.rabbitmq.start()
+            if pgbouncer:
+                backend = urlsplit(servers.admin_url)
+                servers.pgbouncer = PgBouncerServer(
+                    backend.hostname or "127.0.0.1", servers.postgres_port
+                )
+                servers.pgbouncer.start()
         except BaseException:
             servers.close()
             raise
@@ -155,12 +172,17 @@ class PrivateServers:
     def url(self, name: str) -> str:
         return self.admin_url.rsplit("/", 1)[0] + "/" + name
 
+    def service_url(self, name: str) -> str:
+        """The URL the run's processes use for database ``name``: through PgBouncer if any."""
+        url = self.url(name)
+        return self.pgbouncer.url_for(url) if self.pgbouncer else url
+
     def admin(self, statement: str, name: str) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
 
     def close(self) -> None:
-        for server in (self.redis, self.postgres, self.rabbitmq):
+        for server in (self.pgbouncer, self.redis, self.postgres, self.rabbitmq):
             if server is not None:
                 server.close()
 
@@ -179,6 +201,20 @@ def _wait_port(port: int, seconds: float) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"nothing answers on port {port} after {seconds}s")
         time.sleep(0.2)
+
+
+def _wait_for_gateway(system: Cluster, seconds: float = 120) -> None:
+    """Until the payment gateway answers (many processes start at once on a small box)."""
+    gateway = GatewayClient(system.gateway_url)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            gateway.state()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the payment gateway is not up after {seconds}s") from None
+            time.sleep(0.2)
 
 
 class FaultInjector:
@@ -277,8 +313,7 @@ class FaultInjector:
 
         def hold() -> None:
             try:
-                url = self.system.database_urls["orders"]
-                with psycopg.connect(url) as conn, conn.transaction():
+                with self.system.connect("orders") as conn, conn.transaction():
                     create_order.start(conn, order, idempotency_key=order.order_id)
                     time.sleep(self.heartbeat * 2)
                 self.late_orders.append(order.order_id)
@@ -348,7 +383,12 @@ def _broker_database(broker: str, run_id: str) -> str | None:
 
 
 def _cluster(
-    names: dict[str, str], run_id: str, heartbeat: int, broker: str, servers: PrivateServers
+    names: dict[str, str],
+    run_id: str,
+    heartbeat: int,
+    broker: str,
+    servers: PrivateServers,
+    processes: int,
 ) -> Cluster:
     """The run's databases (created and migrated) and the services' settings."""
     broker_db = _broker_database(broker, run_id)
@@ -360,12 +400,14 @@ def _cluster(
     elif servers.rabbitmq is not None:
         broker_url = servers.rabbitmq.url
     elif broker_db is not None:
-        broker_url = servers.url(broker_db)
+        broker_url = servers.service_url(broker_db)
     system = Cluster(
-        {s: servers.url(n) for s, n in names.items()},
+        {s: servers.service_url(n) for s, n in names.items()},
         broker_url,
         queue_prefix=f"chaos{run_id}.",
         queue_type="quorum" if servers.rabbitmq is not None else "classic",
+        processes=processes,
+        access=POOLED_POLLING if servers.pgbouncer else DIRECT,
         extra_env={
             "SAGA_BROKER_HEARTBEAT": str(heartbeat),
             "ORDER_SAGA_FLAKINESS": "0.02",
@@ -378,6 +420,26 @@ def _cluster(
     return system
 
 
+def _commands(
+    system: Cluster, sagas: int, duration: float, seed: int, run_id: str
+) -> list[tuple[str, list[str], dict[str, str]]]:
+    """Every process of the run: the cluster's, a second orders relay, the driver."""
+    commands = system.commands()
+    if system.processes == 1:  # orders has two relays in any case
+        commands.append(("orders-relay-2", ["relay"], system.env("orders")))
+    commands.append(
+        (
+            "driver",
+            [sys.executable, "-m", "saga.examples.order_saga.submitter", "--database-url",
+             system.database_urls["orders"], "--orders", str(sagas), "--seconds",
+             str(duration * 0.8), "--seed", str(seed), "--prefix", f"c{run_id}",
+             *(["--behind-pooler"] if system.access.pooled else [])],
+            {},
+        )
+    )  # fmt: skip
+    return commands
+
+
 def run(
     sagas: int,
     duration: float,
@@ -386,12 +448,18 @@ def run(
     seed: int,
     keep: bool,
     broker: str = "rabbitmq",
+    *,
+    pgbouncer: bool = False,
+    processes: int = 1,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     run_id = uuid.uuid4().hex[:6]
-    servers = PrivateServers.start(broker)
+    servers = PrivateServers.start(broker, pgbouncer=pgbouncer)
     try:
-        return _run(sagas, duration, interval, heartbeat, keep, rng, run_id, broker, servers, seed)
+        return _run(
+            sagas, duration, interval, heartbeat, keep, rng, run_id, broker, servers, seed,
+            processes,
+        )  # fmt: skip
     finally:
         servers.close()
 
@@ -407,27 +475,21 @@ def _run(
     broker: str,
     servers: PrivateServers,
     seed: int,
+    processes: int,
 ) -> dict[str, Any]:
     names = {s: f"chaos_{run_id}_{s}" for s in SERVICES}
-    system = _cluster(names, run_id, heartbeat, broker, servers)
+    system = _cluster(names, run_id, heartbeat, broker, servers, processes)
     redis = servers.redis
     refused = refused_without_consent(system) if redis and not redis.persistent else None
     logs = RESULTS.parent / "chaos-logs" / run_id
-    commands = [*system.commands(), ("orders-relay-2", ["relay"], system.env("orders"))]
-    commands.append(
-        (
-            "driver",
-            [sys.executable, "-m", "saga.examples.order_saga.submitter", "--database-url",
-             system.database_urls["orders"], "--orders", str(sagas), "--seconds",
-             str(duration * 0.8), "--seed", str(seed), "--prefix", f"c{run_id}"],
-            {},
-        )
-    )  # fmt: skip
+    commands = _commands(system, sagas, duration, seed, run_id)
     supervisor = Supervisor(commands, logs)
+    _wait_for_gateway(system)  # its outages are faults: it must be up before the first
     injector = FaultInjector(supervisor, system, heartbeat, rng, servers)
     kinds = kinds_of(broker)
     print(
-        f"chaos {run_id} on {broker}: {sagas} sagas over {duration:.0f}s, "
+        f"chaos {run_id} on {broker}{' through PgBouncer' if servers.pgbouncer else ''}, "
+        f"{processes} process(es) per service: {sagas} sagas over {duration:.0f}s, "
         f"a fault every {interval}s; logs in {logs}"
     )
     try:
@@ -452,6 +514,8 @@ def _run(
     lost = report.figures.get("commands_lost", 0) + max(0, expected - present)
     result = {
         "broker": broker,
+        "pgbouncer": servers.pgbouncer is not None,
+        "processes_per_service": processes,
         "sagas": present,
         "expected_sagas": expected,
         "faults": sum(injector.done.values()),
@@ -556,6 +620,14 @@ def main(argv: list[str] | None = None) -> int:
         "restarted by the run, or postgres (the PostgreSQL transport on a private PostgreSQL, "
         "restarted by the run)",
     )
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="every database URL through a private PgBouncer in transaction mode",
+    )
+    parser.add_argument(
+        "--processes", type=int, default=1, help="relay and consumer processes per service"
+    )
     args = parser.parse_args(argv)
     tools = {
         "rabbitmq": ("rabbitmqctl", "pg_ctlcluster"),
@@ -574,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
         args.keep,
         args.broker,
+        pgbouncer=args.pgbouncer,
+        processes=args.processes,
     )
     print(f"faults injected: {result['faults']} {result['faults_by_kind']}")
     print(f"process restarts: {result['process_restarts']}")
@@ -587,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         stamp = datetime.now(UTC).strftime("%Y-%m-%d")
         document = {**result, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
         prefix = "chaos" if args.broker == "rabbitmq" else f"chaos-{args.broker}"
+        prefix += "-pgbouncer" if args.pgbouncer else ""
+        prefix += f"-x{args.processes}" if args.processes > 1 else ""
         for name in (f"{prefix}-{stamp}.json", f"{prefix}-latest.json"):
             (RESULTS / name).write_text(json.dumps(document, indent=2, default=str) + "\n")
     print(

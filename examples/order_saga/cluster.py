@@ -17,7 +17,9 @@ import psycopg
 from kombu import Connection
 
 from saga.broker.transport import BrokerConfig, Topology, declare_subscriptions
+from saga.db.connections import DIRECT, DatabaseAccess, Pooler, Wakeups
 from saga.db.schema import migrate
+from saga.settings import ENV_POOLER, ENV_WAKEUPS
 
 #: The order saga's services: its home and its participants.
 SAGA_SERVICES = ("orders", "customers", "inventory", "payments")
@@ -32,6 +34,8 @@ TARGETS = {
     "notifications": "saga.examples.order_saga.notifications:service",
     "analytics": "saga.examples.order_saga.analytics:service",
 }
+#: The settings of a process whose databases are behind a transaction pooler.
+POOLED_ENV = {ENV_POOLER: Pooler.TRANSACTION.value, ENV_WAKEUPS: Wakeups.POLL.value}
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 #: "false": orders publishes no event (on a broker that carries commands only).
 PUBLISH_EVENTS_VARIABLE = "ORDERS_PUBLISH_EVENTS"
@@ -64,6 +68,11 @@ class Cluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     #: The fake payment gateway (the outside world); a free local port when not given.
     gateway_port: int = 0
+    #: Relay and consumer processes per service (as if on that many hosts).
+    processes: int = 1
+    #: How every process reaches the databases: directly, or through a transaction pooler
+    #: (its processes then poll: nothing LISTENs through the pooler).
+    access: DatabaseAccess = DIRECT
 
     def __post_init__(self) -> None:
         if not self.gateway_port:
@@ -90,6 +99,13 @@ class Cluster:
         return all(s in self.services for s in SUBSCRIBERS)
 
     @property
+    def broker(self) -> BrokerConfig:
+        """The broker as this cluster's processes reach it (a PostgreSQL broker behind the
+        pooler too, polling)."""
+        pooled = self.access.pooled
+        return BrokerConfig(self.broker_url, pooled=pooled, listen=not pooled)
+
+    @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
@@ -97,7 +113,7 @@ class Cluster:
         """Migrate every database, create the business tables and bind the subscribers'
         queues (idempotent)."""
         for service in self.services:
-            with psycopg.connect(self.database_urls[service]) as conn:
+            with self.connect(service) as conn:
                 migrate(conn, "saga")
                 conn.execute((SCHEMA_DIR / f"{service}.sql").read_bytes())
         self._seed()
@@ -113,19 +129,19 @@ class Cluster:
         from saga.examples.order_saga import analytics, notifications
 
         topology = Topology(queue_prefix=self.queue_prefix, queue_type=self.queue_type)
-        with BrokerConfig(self.broker_url).connected() as conn:
+        with self.broker.connected() as conn:
             channel = conn.channel()
             for subscriber in (notifications.service, analytics.service):
                 topology.queue(subscriber.name)(channel).declare()
                 declare_subscriptions(channel, topology, subscriber.name, subscriber.subscriptions)
 
     def _seed(self) -> None:
-        with psycopg.connect(self.database_urls["customers"]) as conn:
+        with self.connect("customers") as conn:
             conn.cursor().executemany(
                 "INSERT INTO credit VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                 [(c, CREDIT_EACH, CREDIT_EACH) for c in RICH_CUSTOMERS] + [(BROKE_CUSTOMER, 0, 0)],
             )
-        with psycopg.connect(self.database_urls["inventory"]) as conn:
+        with self.connect("inventory") as conn:
             conn.cursor().executemany(
                 "INSERT INTO stock VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                 [(s, STOCK_EACH, STOCK_EACH) for s in COMMON_SKUS] + [(RARE_SKU, 0, 0)],
@@ -136,7 +152,7 @@ class Cluster:
 
     def delete_queues(self) -> None:
         """Remove the services' queues from the broker (scratch runs clean up after themselves)."""
-        delete_queues(self.broker_url, self.queue_prefix, self.services)
+        delete_queues(self.broker, self.queue_prefix, self.services)
 
     def env(self, service: str) -> dict[str, str]:
         """The environment of a ``saga relay`` or ``saga consume`` process for ``service``."""
@@ -147,6 +163,7 @@ class Cluster:
             "SAGA_QUEUE_TYPE": self.queue_type,
             "PAYMENT_GATEWAY_URL": self.gateway_url,
             **({} if self.carries_events else {PUBLISH_EVENTS_VARIABLE: "false"}),
+            **(POOLED_ENV if self.access.pooled else {}),
             **self.extra_env,
         }
 
@@ -157,22 +174,30 @@ class Cluster:
 
     def commands(self) -> list[tuple[str, list[str], dict[str, str]]]:
         """(name, arguments, environment) of every process: the gateway, then for each
-        service a relay and a consumer."""
+        service :attr:`processes` relays and consumers (the first of each named without a
+        number: ``orders-relay``, ``orders``, then ``orders-relay-2``, ``orders-2``...)."""
         result = [self.gateway_command()]
         for service in self.services:
-            result.append((f"{service}-relay", ["relay"], self.env(service)))
-            result.append((service, ["consume", TARGETS[service]], self.env(service)))
+            for n in range(1, self.processes + 1):
+                suffix = f"-{n}" if n > 1 else ""
+                result.append((f"{service}-relay{suffix}", ["relay"], self.env(service)))
+                result.append(
+                    (f"{service}{suffix}", ["consume", TARGETS[service]], self.env(service))
+                )
         return result
 
     def connect(self, service: str, **kwargs: Any) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.database_urls[service], **kwargs)
+        return self.access.connect(self.database_urls[service], **kwargs)
 
 
-def delete_queues(broker_url: str, queue_prefix: str, destinations: Iterable[str]) -> None:
+def delete_queues(
+    broker: str | BrokerConfig, queue_prefix: str, destinations: Iterable[str]
+) -> None:
     """Remove the queues of ``destinations`` under ``queue_prefix``, messages and all, and
     the events exchange."""
     topology = Topology(queue_prefix=queue_prefix)
-    with Connection(broker_url) as conn:
+    connection = broker.connect() if isinstance(broker, BrokerConfig) else Connection(broker)
+    with connection as conn:
         channel = conn.channel()
         for destination in destinations:
             topology.queue(destination)(channel).delete()

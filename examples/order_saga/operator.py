@@ -6,8 +6,6 @@ import os
 import re
 import subprocess
 
-import psycopg
-
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.processes import SAGA
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterStore
@@ -34,12 +32,12 @@ class BulkResume:
     def once_all_stuck(self) -> None:
         if self.runs:
             return
-        with psycopg.connect(self.system.database_urls["orders"]) as conn:
+        with self.system.connect("orders") as conn:
             row = conn.execute(_UNFINISHED, (STUCK_AFTER_S,)).fetchone()
         unfinished, moving = row if row else (0, 0)
         if not unfinished or moving:
             return
-        env = {**os.environ, "SAGA_DATABASE_URL": self.system.database_urls["orders"]}
+        env = {**os.environ, **self.system.env("orders")}
         done = subprocess.run(
             [SAGA, "resume", "--stuck-after", f"{STUCK_AFTER_S}s", "--reason", "redis lost"],
             env=env, capture_output=True, text=True, timeout=120, check=True,
@@ -52,15 +50,14 @@ class BulkResume:
 
 def replay_held(system: Cluster) -> int:
     """Replay the payments dead letters of held sagas (the gateway is back); how many."""
-    orders = system.database_urls["orders"]
-    with psycopg.connect(orders) as conn:
+    with system.connect("orders") as conn:
         held = conn.execute(
             "SELECT count(*) FROM saga.saga_instances WHERE status = 'step_dead_lettered'"
         ).fetchone()
     if not held or not held[0]:
         return 0
     store = DeadLetterStore("saga")
-    with psycopg.connect(system.database_urls["payments"]) as conn:
+    with system.connect("payments") as conn:
         letters = store.find(conn, DeadLetterFilter(consumer="payments"))
         conn.rollback()
         result = replay(conn, letters, {"command": "chaos operator"})

@@ -14,6 +14,7 @@ import time
 
 import psycopg
 
+from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.orders import create_order
 
@@ -30,7 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="spread submissions over this")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--prefix", default="chaos")
+    parser.add_argument(
+        "--behind-pooler",
+        action="store_true",
+        help="the database URL goes through a transaction pooler (no prepared statements)",
+    )
     args = parser.parse_args(argv)
+    access = POOLED_POLLING if args.behind_pooler else DIRECT
     orders = workload.make_orders(
         args.orders, workload.FailureRates(), seed=args.seed, prefix=args.prefix
     )
@@ -40,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # autocommit: each order commits on its own (an implicit transaction around the
             # whole loop would hold every order until the end, and lose them on a restart)
-            with psycopg.connect(args.database_url, connect_timeout=5, autocommit=True) as conn:
+            with access.connect(args.database_url, connect_timeout=5, autocommit=True) as conn:
                 done = _already_started(conn)  # a restarted driver picks up where it was
                 while submitted < len(orders):
                     order = orders[submitted]

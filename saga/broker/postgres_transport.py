@@ -33,6 +33,10 @@ not in the consumer's memory:
   :data:`WAKE_INTERVAL`; consumers ``LISTEN`` and otherwise poll, backing off from
   :data:`MIN_POLL` to :data:`MAX_POLL`. ``listen=False`` (transport option) polls only,
   for poolers that cannot ``LISTEN``.
+- **poolers**: ``pooled=True`` (transport option: the database is behind a pooler in
+  transaction mode) opens connections without prepared statements and, instead of the
+  session's ``SET synchronous_commit = on`` (which would stay behind on a server
+  connection other clients then get), refuses a database whose commits are not durable.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ from saga.broker.postgres_publishing import (
     ReturnedMessage,
     columns_of,
 )
+from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.db.sql import validate_name
+from saga.errors import UnsafeDurability
 from saga.observability.redaction import redact_url
 
 logger = logging.getLogger(__name__)
@@ -466,6 +472,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         super().__init__(client, **kwargs)
         options = client.transport_options
         self.listen = bool(options.get("listen", True))
+        self.pooled = bool(options.get("pooled", False))
         self.max_poll = float(options.get("max_poll", MAX_POLL))
         self._poll = MIN_POLL
         self._listener: psycopg.Connection[Any] | None = None
@@ -484,11 +491,22 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         return str(self.client.hostname)
 
     def connect_db(self) -> psycopg.Connection[Any]:
-        db = psycopg.connect(
+        access = POOLED_POLLING if self.pooled else DIRECT
+        db = access.connect(
             self.url, autocommit=True, connect_timeout=int(self.client.connect_timeout or 10)
         )
         # A broker row must be on disk when the relay deletes its outbox row.
-        db.execute("SET synchronous_commit = on")
+        if not self.pooled:
+            db.execute("SET synchronous_commit = on")
+            return db
+        setting = db.execute("SELECT current_setting('synchronous_commit')").fetchone()
+        if setting is None or setting[0] == "off":
+            db.close()
+            raise UnsafeDurability(
+                "the PostgreSQL broker's database commits with synchronous_commit off, and "
+                "behind a transaction pooler no session SET can turn it on: "
+                "ALTER DATABASE ... SET synchronous_commit = on"
+            )
         return db
 
     def ensure_schema(self, db: psycopg.Connection[Any], schema: str) -> None:

@@ -168,11 +168,19 @@ class BrokerConfig:
     lease: float = 30.0
     #: PostgreSQL: wake consumers with LISTEN/NOTIFY (False: poll only, for poolers).
     listen: bool = True
+    #: PostgreSQL: the broker's database is behind a pooler in transaction mode (no
+    #: prepared statements, no session state; it cannot LISTEN, so ``listen`` must be off).
+    pooled: bool = False
     #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
     #: synced on every write); refused otherwise (see :mod:`saga.broker.durability`).
     accept_redis_message_loss: bool = False
 
     def __post_init__(self) -> None:
+        if self.pooled and self.listen:
+            raise ConfigurationError(
+                "a PostgreSQL broker behind a transaction pooler cannot LISTEN: poll only "
+                "(listen=False, SAGA_WAKEUPS=poll)"
+            )
         schemes = {_scheme_of(url) for url in self.urls}
         if len(schemes) > 1:
             raise ConfigurationError(
@@ -246,6 +254,7 @@ class BrokerConfig:
         if self.is_postgres:
             options["lease"] = self.lease
             options["listen"] = self.listen
+            options["pooled"] = self.pooled
         if self.scheme in ("amqp", "pyamqp"):
             # py-amqp with read-ahead and gathered writes (amqps:// keeps py-amqp's own).
             transport = "saga.broker.amqp_transport:Transport"

@@ -173,14 +173,21 @@ def topology(settings: Settings, queue_prefix: str) -> Topology:
     return Topology(queue_prefix=queue_prefix, queue_type=settings.queue_type)
 
 
-def connect(settings: Settings) -> psycopg.Connection[Any]:
-    """A connection to the settings' database, with a clear error when it cannot be had."""
-    url = settings.require_database_url()
+def connect(
+    settings: Settings,
+    url: str | None = None,
+    *,
+    what: str = "PostgreSQL",
+    autocommit: bool = False,
+) -> psycopg.Connection[Any]:
+    """A connection to ``url`` (default: the settings' database) the way the settings say
+    (directly or through a transaction pooler), with a clear error when it cannot be had."""
+    url = url or settings.require_database_url()
     try:
-        return psycopg.connect(url, autocommit=False)
+        return settings.database_access().connect(url, autocommit=autocommit)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL: {redact_text(str(exc), password_of(url))}"
+            f"cannot connect to {what}: {redact_text(str(exc), password_of(url))}"
         ) from None
 
 
@@ -216,9 +223,10 @@ def serve_metrics(port: int | None, settings: Settings) -> Metrics | None:
     if port is None:
         return None
     metrics = Metrics()
-    metrics.watch_database(settings.require_database_url(), settings.db_schema)
+    access = settings.database_access()
+    metrics.watch_database(settings.require_database_url(), settings.db_schema, access)
     if settings.broker_url and BrokerConfig(settings.broker_url).is_postgres:
-        metrics.watch_broker(settings.broker_url, BROKER_SCHEMA)
+        metrics.watch_broker(settings.broker_url, BROKER_SCHEMA, access)
     metrics.serve(port)
     return metrics
 
@@ -230,7 +238,8 @@ def broker_config(settings: Settings) -> BrokerConfig:
         accept_redis_message_loss=settings.accept_redis_message_loss,
         visibility_timeout=settings.redis_visibility_timeout,
         lease=settings.broker_lease,
-        listen=settings.broker_listen,
+        listen=settings.broker_listens(),
+        pooled=settings.database_access().pooled,
     )
 
 

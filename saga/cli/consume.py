@@ -89,6 +89,7 @@ def consume(
             side_effect_lease=settings.side_effect_lease,
             publish_after_commit=publish_after_commit,
             delivery_limit=settings.delivery_limit,
+            database=settings.database_access(),
         ),
         topology(settings, queue_prefix),
         metrics=serve_metrics(metrics_port, settings),

@@ -61,7 +61,9 @@ def dashboard(
         ) from None
     settings = settings_from(broker_url=broker_url, schema=schema)
     specs = database_urls or ([settings.database_url] if settings.database_url else [])
-    databases = Databases(parse_databases(specs, settings.db_schema))
+    databases = Databases(
+        parse_databases(specs, settings.db_schema), access=settings.database_access()
+    )
     guard = Guard(os.environ.get(ENV_TOKEN) or None)
     broker = BrokerConfig(settings.broker_url) if settings.broker_url else None
     topology = Topology(queue_prefix=queue_prefix)

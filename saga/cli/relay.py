@@ -71,6 +71,7 @@ def relay(
         allow_async_commit=allow_async_commit,
         prune_interval=seconds_of(prune_interval),
         signing=settings.key_ring(),
+        database=settings.database_access(),
     )
     worker = Relay(
         settings.require_database_url(),

@@ -9,7 +9,6 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich.table import Table
 
@@ -28,9 +27,7 @@ from saga.cli.common import (
 )
 from saga.cli.durations import parse_duration
 from saga.engine.state import SagaStatus
-from saga.errors import DatabaseUnavailable
 from saga.messaging.events import UnroutedEvents
-from saga.observability.redaction import password_of, redact_text
 from saga.operations.stats import BrokerQueue, broker_queues, collect
 from saga.settings import Settings
 
@@ -40,13 +37,8 @@ def _broker_queues(settings: Settings) -> dict[str, BrokerQueue] | None:
     url = settings.broker_url
     if not url or not BrokerConfig(url).is_postgres:
         return None
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            return broker_queues(conn, BROKER_SCHEMA)
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to the broker's PostgreSQL: {redact_text(str(exc), password_of(url))}"
-        ) from None
+    with connect(settings, url, what="the broker's PostgreSQL", autocommit=True) as conn:
+        return broker_queues(conn, BROKER_SCHEMA)
 
 
 def stats(

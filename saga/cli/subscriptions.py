@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich.table import Table
 
@@ -22,15 +21,15 @@ from saga.cli.common import (
     BrokerUrlOption,
     JsonOption,
     SchemaOption,
+    connect,
     console,
     iso,
     print_table,
     settings_from,
 )
-from saga.errors import DatabaseUnavailable
 from saga.messaging.events import EventRecords, Subscription
-from saga.observability.redaction import password_of, redact_text, redact_url
-from saga.settings import ENV_DATABASE_URL
+from saga.observability.redaction import redact_url
+from saga.settings import ENV_DATABASE_URL, Settings
 
 DatabaseUrlsOption = Annotated[
     list[str] | None,
@@ -43,14 +42,9 @@ DatabaseUrlsOption = Annotated[
 ]
 
 
-def _read(url: str, what: str, read: Any) -> Any:
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            return read(conn)
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(
-            f"cannot connect to {what}: {redact_text(str(exc), password_of(url))}"
-        ) from None
+def _read(settings: Settings, url: str, what: str, read: Any) -> Any:
+    with connect(settings, url, what=what, autocommit=True) as conn:
+        return read(conn)
 
 
 def subscriptions(
@@ -65,11 +59,13 @@ def subscriptions(
     urls = database_url or [settings.require_database_url()]
     records = EventRecords(settings.db_schema)
     found: dict[str, list[Subscription]] = {
-        redact_url(url): _read(url, redact_url(url), records.subscriptions) for url in urls
+        redact_url(url): _read(settings, url, redact_url(url), records.subscriptions)
+        for url in urls
     }
     bindings: list[Binding] | None = None
     if settings.broker_url and BrokerConfig(settings.broker_url).is_postgres:
         bindings = _read(
+            settings,
             settings.broker_url,
             "the broker's PostgreSQL",
             lambda c: broker_bindings(c, BROKER_SCHEMA),

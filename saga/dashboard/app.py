@@ -88,7 +88,11 @@ class Dashboard:
         views = await run_in_threadpool(pages.overview, self.databases)
         try:
             queues = await run_in_threadpool(
-                pages.queues, self.config.broker, self.config.topology, self.databases.services
+                pages.queues,
+                self.config.broker,
+                self.config.topology,
+                self.databases.services,
+                self.databases.access,
             )
             queue_error = None
         except DatabaseUnavailable as exc:  # the broker is down: say so on the page

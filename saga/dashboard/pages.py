@@ -18,6 +18,7 @@ from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.queue_depths import waiting_messages
 from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard.sources import Databases
+from saga.db.connections import DIRECT, DatabaseAccess
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary
 from saga.engine.store import SagaFilter, SagaStore
 from saga.errors import DatabaseUnavailable, DeadLetterNotFound, NotReplayable, UnknownSaga
@@ -125,13 +126,18 @@ class Queues:
     waiting: dict[str, int] = field(default_factory=dict)
 
 
-def queues(broker: BrokerConfig | None, topology: Topology, services: list[str]) -> Queues | None:
+def queues(
+    broker: BrokerConfig | None,
+    topology: Topology,
+    services: list[str],
+    access: DatabaseAccess = DIRECT,
+) -> Queues | None:
     """The broker's queues, or None when no broker is given."""
     if broker is None:
         return None
     try:
         if broker.is_postgres:
-            with psycopg.connect(broker.url, autocommit=True, connect_timeout=5) as conn:
+            with access.connect(broker.url, autocommit=True, connect_timeout=5) as conn:
                 return Queues(detailed=broker_queues(conn, BROKER_SCHEMA))
         return Queues(waiting=waiting_messages(broker, topology, services))
     except Exception as exc:  # any broker or driver error: shown on the page, redacted

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_name, validate_schema
 from saga.errors import ConfigurationError, DatabaseUnavailable
 from saga.observability.redaction import password_of, redact_text, redact_url
@@ -61,17 +62,27 @@ class Databases:
     """A pool of connections (autocommit) per service database, opened lazily; each
     statement is cancelled after :data:`STATEMENT_TIMEOUT_S`."""
 
-    def __init__(self, databases: Sequence[ServiceDatabase], pool_size: int = 4) -> None:
+    def __init__(
+        self,
+        databases: Sequence[ServiceDatabase],
+        pool_size: int = 4,
+        access: DatabaseAccess = DIRECT,
+    ) -> None:
         self.by_service = {db.service: db for db in databases}
+        self.access = access
+        # A transaction pooler refuses the startup option: there the dashboard role's own
+        # setting bounds its statements (ALTER ROLE ... SET statement_timeout).
+        timeout = (
+            {}
+            if access.pooled
+            else {"options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000}"}
+        )
         self._pools = {
             db.service: ConnectionPool(
                 db.url,
                 min_size=1,
                 max_size=pool_size,
-                kwargs={
-                    "autocommit": True,
-                    "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000}",
-                },
+                kwargs={"autocommit": True, **timeout, **access.connection_kwargs()},
                 open=False,
                 name=f"dashboard-{db.service}",
             )

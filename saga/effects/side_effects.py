@@ -94,6 +94,7 @@ class SideEffects:
         lease: timedelta = DEFAULT_LEASE,
         poll: float = 0.05,
         max_connections: int = 4,
+        connection_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.lease = lease
         self.poll = poll
@@ -101,7 +102,7 @@ class SideEffects:
             database_url,
             min_size=1,
             max_size=max_connections,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **(connection_kwargs or {})},
             open=False,
             name="side-effects",
         )

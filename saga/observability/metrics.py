@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import render
 from saga.observability.broker_queues import broker_queues
 
@@ -105,14 +106,16 @@ class Metrics:
         for event_type in event_types:
             self.events_unrouted.labels(event_type).inc()
 
-    def watch_database(self, database_url: str, schema: str) -> None:
+    def watch_database(
+        self, database_url: str, schema: str, access: DatabaseAccess = DIRECT
+    ) -> None:
         """Also report outbox, dead-letter and saga gauges read from this database."""
-        self.registry.register(DatabaseCollector(database_url, schema))
+        self.registry.register(DatabaseCollector(database_url, schema, access))
 
-    def watch_broker(self, broker_url: str, schema: str) -> None:
+    def watch_broker(self, broker_url: str, schema: str, access: DatabaseAccess = DIRECT) -> None:
         """Also report the queues of the PostgreSQL broker at ``broker_url`` (its tables in
         ``schema``): messages by state, and the oldest message's age."""
-        self.registry.register(BrokerCollector(broker_url, schema))
+        self.registry.register(BrokerCollector(broker_url, schema, access))
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         start_http_server(port, addr=address, registry=self.registry)
@@ -125,14 +128,18 @@ class _ScrapedCollector(Collector):
     up_name = ""
     what = ""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, access: DatabaseAccess) -> None:
         self.database_url = database_url
+        self.access = access
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(self.up_name, f"1 if the last scrape read the {self.what}.")
         try:
-            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=5) as conn:
-                conn.execute("SET statement_timeout = '5s'")
+            with (
+                self.access.connect(self.database_url, connect_timeout=5) as conn,
+                conn.transaction(),
+            ):
+                conn.execute("SET LOCAL statement_timeout = '5s'")
                 families = self._read(conn)
         except psycopg.Error as exc:
             logger.warning("metrics could not read the %s: %s", self.what, type(exc).__name__)
@@ -153,8 +160,8 @@ class DatabaseCollector(_ScrapedCollector):
     up_name = "saga_metrics_database_up"
     what = "database"
 
-    def __init__(self, database_url: str, schema: str) -> None:
-        super().__init__(database_url)
+    def __init__(self, database_url: str, schema: str, access: DatabaseAccess) -> None:
+        super().__init__(database_url, access)
         self.outbox_query = render(_OUTBOX, schema)
         self.dead_letters_query = render(_DEAD_LETTERS, schema)
         self.unfinished_query = render(_UNFINISHED, schema)
@@ -192,8 +199,8 @@ class BrokerCollector(_ScrapedCollector):
     up_name = "saga_metrics_broker_up"
     what = "broker"
 
-    def __init__(self, broker_url: str, schema: str) -> None:
-        super().__init__(broker_url)
+    def __init__(self, broker_url: str, schema: str, access: DatabaseAccess) -> None:
+        super().__init__(broker_url, access)
         self.schema = schema
 
     def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from saga.examples.order_saga.chaos import KINDS
-from tests.support.chaos_runs import run_chaos
+from tests.support.chaos_runs import clean_chaos_run
 
 
 def test_short_chaos_run_loses_nothing_and_applies_nothing_twice() -> None:
-    output, figures = run_chaos(
-        "--sagas", "120", "--duration", "30", "--interval", "1.5", "--heartbeat", "2"
-    )  # fmt: skip
-    assert figures["lost"] == figures["duplicated"] == figures["unconverged"] == "0", figures
+    run = clean_chaos_run("--sagas", "120", "--duration", "30", "--interval", "1.5",
+                          "--heartbeat", "2")  # fmt: skip
+    figures, output = run.figures, run.output
     assert int(figures["sagas"]) >= 120
     for kind in KINDS:
         assert f"'{kind}'" in output, f"no {kind} fault in {output[-2000:]}"

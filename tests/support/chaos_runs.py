@@ -1,16 +1,25 @@
-"""Running the chaos tool (``saga.examples.order_saga.chaos``) from a test."""
+"""Running ``make chaos`` as a subprocess and reading its machine-readable last line."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from saga.examples.order_saga.processes import REPO
 
 
-def run_chaos(*args: str, timeout: float = 900) -> tuple[str, dict[str, str]]:
-    """Run the chaos tool with ``args``, which must exit 0; its output, and the figures of
-    its last line (``chaos: sagas=N faults=N lost=N ...``)."""
+@dataclass(frozen=True)
+class ChaosRun:
+    output: str
+    #: The last line's figures: sagas, faults, lost, duplicated, unconverged, converge_s.
+    figures: dict[str, str]
+    last_line: str
+
+
+def clean_chaos_run(*args: str, timeout: float = 900) -> ChaosRun:
+    """``python -m saga.examples.order_saga.chaos *args``: it must exit 0 with nothing lost,
+    duplicated or unconverged."""
     result = subprocess.run(
         [sys.executable, "-m", "saga.examples.order_saga.chaos", *args],
         cwd=REPO,
@@ -22,4 +31,6 @@ def run_chaos(*args: str, timeout: float = 900) -> tuple[str, dict[str, str]]:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     last = result.stdout.strip().splitlines()[-1]
-    return output, dict(item.split("=") for item in last.removeprefix("chaos: ").split())
+    figures = dict(item.split("=") for item in last.removeprefix("chaos: ").split())
+    assert figures["lost"] == figures["duplicated"] == figures["unconverged"] == "0", last
+    return ChaosRun(output, figures, last)

@@ -63,12 +63,16 @@ def running_service(
     db: TestDatabase,
     broker: TestBroker,
     metrics: Metrics | None = None,
+    *,
+    database_url: str | None = None,
     **options: object,
 ) -> Iterator[ServiceRunner]:
+    """``service`` consuming in threads, on ``db`` (or ``database_url``: the same database
+    another way, e.g. through a pooler)."""
     broker.use(service.name)
     runner = ServiceRunner(
         service,
-        db.url,
+        database_url or db.url,
         broker.config,
         ConsumerOptions(**options),  # type: ignore[arg-type]
         broker.topology,
@@ -85,7 +89,15 @@ def running_service(
 
 
 @contextmanager
-def running_relay(db: TestDatabase, broker: TestBroker, **options: object) -> Iterator[Relay]:
-    relay = Relay(db.url, broker.config, RelayOptions(**options), broker.topology)  # type: ignore[arg-type]
-    with in_thread(relay.run, "test-relay"):
+def running_relay(
+    db: TestDatabase,
+    broker: TestBroker,
+    *,
+    database_url: str | None = None,
+    name: str = "test-relay",
+    **options: object,
+) -> Iterator[Relay]:
+    url = database_url or db.url
+    relay = Relay(url, broker.config, RelayOptions(**options), broker.topology)  # type: ignore[arg-type]
+    with in_thread(relay.run, name):
         yield relay

@@ -38,6 +38,7 @@ class Server:
 _started: list[Any] = []  # containers to stop at exit
 
 REDIS_SERVER_HINT = "install redis-server (apt-get install redis-server)"
+PGBOUNCER_HINT = "install pgbouncer (apt-get install pgbouncer)"
 RABBITMQCTL_HINT = "install rabbitmq-server (rabbitmqctl) on the machine running the tests"
 
 #: What was skipped for want of a server or program, and how to enable it (summary lines).
@@ -63,6 +64,15 @@ def require_program(name: str, hint: str) -> str:
     if path is None:
         unavailable(name, hint)
     return path
+
+
+def pgbouncer(installed: str | None) -> str:
+    """The PgBouncer program: ``SAGA_TEST_PGBOUNCER`` if set, else the ``installed`` one;
+    one that cannot run is :func:`unavailable`."""
+    program = os.environ.get("SAGA_TEST_PGBOUNCER") or installed
+    if program is None or not os.access(program, os.X_OK):
+        unavailable("pgbouncer", PGBOUNCER_HINT)
+    return program
 
 
 def _answers(url: str, default_port: int) -> bool:

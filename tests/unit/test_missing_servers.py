@@ -79,3 +79,15 @@ def test_ci_never_falls_back_to_the_embedded_postgresql(monkeypatch: pytest.Monk
     assert servers.resolve(**kwargs).source == "missing"  # type: ignore[arg-type]
     monkeypatch.setenv("CI", "")
     assert servers.resolve(**kwargs).source == "embedded"  # type: ignore[arg-type]
+
+
+def test_a_missing_pgbouncer_fails_the_run_under_ci(tmp_path: Path) -> None:
+    """The pooler tests need the program: on CI (which installs it) they fail without it."""
+    missing = str(tmp_path / "no-pgbouncer")
+    result = _run_one_test(tmp_path, "pgbouncer", {"CI": "true", "SAGA_TEST_PGBOUNCER": missing})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "1 error" in output and "skipped" not in output, output
+    assert "CI=true and pgbouncer is not available: install pgbouncer" in output, output
+    elsewhere = _run_one_test(tmp_path, "pgbouncer", {"CI": "", "SAGA_TEST_PGBOUNCER": missing})
+    assert elsewhere.returncode == 0 and "1 skipped" in elsewhere.stdout, elsewhere.stdout
