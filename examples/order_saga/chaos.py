@@ -59,33 +59,30 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
-from psycopg import sql
 
 from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import SERVICES, Cluster
+from saga.examples.order_saga.fault_injector import (
+    BROKER_URL,
+    RABBITMQ_PORT,
+    FaultInjector,
+    wait_port,
+)
 from saga.examples.order_saga.gateway import GatewayClient
 from saga.examples.order_saga.operator import BulkResume, replay_held
-from saga.examples.order_saga.orders import OrderData, create_order
-from saga.examples.order_saga.pgbouncer_server import PgBouncerServer
-from saga.examples.order_saga.postgres_server import PostgresServer
+from saga.examples.order_saga.private_servers import PrivateServers
 from saga.examples.order_saga.processes import SAGA
-from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
 from saga.examples.order_saga.redis_server import RedisServer
 from saga.examples.order_saga.supervisor import Supervisor
 
@@ -118,89 +115,6 @@ POSTGRES_LEASE_S = 10
 REDIS_VISIBILITY_TIMEOUT_S = 10
 #: The payments service's delayed retries during a run: an outage outlasts them all.
 PAYMENTS_RETRY_DELAYS = "0.5,1"
-GATEWAY_OUTAGE_S = 5.0
-ADMIN_URL = os.environ.get(
-    "SAGA_CHAOS_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-BROKER_URL = os.environ.get("SAGA_CHAOS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
-#: The local servers the run restarts, and waits for on these ports.
-RABBITMQ_PORT = urlsplit(BROKER_URL).port or 5672
-
-
-@dataclass
-class PrivateServers:
-    """The servers a run starts for itself (and may crash, but for PgBouncer): none on
-    the local RabbitMQ."""
-
-    redis: RedisServer | None = None
-    postgres: PostgresServer | None = None
-    rabbitmq: RabbitCluster | None = None
-    pgbouncer: PgBouncerServer | None = None
-
-    @classmethod
-    def start(cls, broker: str, *, pgbouncer: bool = False) -> PrivateServers:
-        servers = cls()
-        try:
-            if broker.startswith("redis"):
-                servers.redis = RedisServer(persistent=broker == "redis")
-                servers.redis.start()
-            elif broker == "postgres":
-                servers.postgres = PostgresServer()
-                servers.postgres.start()
-            elif broker == "rabbitmq-cluster":
-                servers.rabbitmq = RabbitCluster(size=3)
-                servers.rabbitmq.start()
-            if pgbouncer:
-                backend = urlsplit(servers.admin_url)
-                servers.pgbouncer = PgBouncerServer(
-                    backend.hostname or "127.0.0.1", servers.postgres_port
-                )
-                servers.pgbouncer.start()
-        except BaseException:
-            servers.close()
-            raise
-        return servers
-
-    @property
-    def admin_url(self) -> str:
-        return self.postgres.url if self.postgres else ADMIN_URL
-
-    @property
-    def postgres_port(self) -> int:
-        return urlsplit(self.admin_url).port or 5432
-
-    def url(self, name: str) -> str:
-        return self.admin_url.rsplit("/", 1)[0] + "/" + name
-
-    def service_url(self, name: str) -> str:
-        """The URL the run's processes use for database ``name``: through PgBouncer if any."""
-        url = self.url(name)
-        return self.pgbouncer.url_for(url) if self.pgbouncer else url
-
-    def admin(self, statement: str, name: str) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))
-
-    def close(self) -> None:
-        for server in (self.pgbouncer, self.redis, self.postgres, self.rabbitmq):
-            if server is not None:
-                server.close()
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), 1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _wait_port(port: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not _port_open(port):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"nothing answers on port {port} after {seconds}s")
-        time.sleep(0.2)
 
 
 def _wait_for_gateway(system: Cluster, seconds: float = 120) -> None:
@@ -215,130 +129,6 @@ def _wait_for_gateway(system: Cluster, seconds: float = 120) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the payment gateway is not up after {seconds}s") from None
             time.sleep(0.2)
-
-
-class FaultInjector:
-    """Applies one fault of a given kind and remembers what it did."""
-
-    def __init__(
-        self,
-        supervisor: Supervisor,
-        system: Cluster,
-        heartbeat: int,
-        rng: random.Random,
-        servers: PrivateServers,
-    ):
-        self.servers = servers
-        self.supervisor = supervisor
-        self.system = system
-        self.heartbeat = heartbeat
-        self.rng = rng
-        self.done: Counter[str] = Counter()
-        self._nodes_killed = 0
-        self._node_restart: threading.Thread | None = None
-        self.late_orders: list[str] = []
-        self._threads: list[threading.Thread] = []
-
-    def inject(self, kind: str) -> None:
-        getattr(self, kind)()
-        self.done[kind] += 1
-
-    def kill(self) -> None:
-        ours = sorted(name for name in self.supervisor.processes if name != "gateway")
-        self.supervisor.kill(self.rng.choice(ours))
-
-    def pause(self) -> None:
-        name = self.rng.choice([s for s in SERVICES if s in self.supervisor.processes])
-        self.supervisor.pause(name)
-        self._later(self.heartbeat * 2.5 + 1, lambda: self.supervisor.resume(name))
-
-    def restart_rabbitmq(self) -> None:
-        subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True, timeout=120)
-        subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True, timeout=120)
-        _wait_port(RABBITMQ_PORT, 60)
-
-    def ready(self, kind: str) -> bool:
-        """False for a node kill while the node killed last is still starting: one node
-        down at a time (the other faults go on meanwhile)."""
-        restarting = self._node_restart is not None and self._node_restart.is_alive()
-        return not (kind == "kill_rabbitmq_node" and restarting)
-
-    def kill_rabbitmq_node(self) -> None:
-        """SIGKILL the next node of the private cluster and start it again in the background
-        (it rejoins from its data folder) while the other two keep the quorum queues going
-        and the other faults go on."""
-        cluster = self.servers.rabbitmq
-        assert cluster is not None, "kill_rabbitmq_node needs a run on a private cluster"
-        node = cluster.nodes[self._nodes_killed % len(cluster.nodes)]
-        self._nodes_killed += 1
-        cluster.kill(node)
-        self._node_restart = threading.Thread(target=cluster.start_node, args=(node,))
-        self._node_restart.start()
-        self._threads.append(self._node_restart)
-
-    def restart_redis(self) -> None:
-        """Crash the run's private Redis (SIGKILL) and start it again."""
-        assert self.servers.redis is not None, "restart_redis needs a Redis run"
-        self.servers.redis.restart()
-
-    def restart_private_postgres(self) -> None:
-        """Crash the run's private PostgreSQL (immediate shutdown) and start it again."""
-        assert self.servers.postgres is not None, "needs a run on a private PostgreSQL"
-        self.servers.postgres.restart()
-
-    def restart_postgres(self) -> None:
-        version = sorted(os.listdir("/etc/postgresql"))[0]
-        subprocess.run(
-            [
-                "pg_ctlcluster",
-                "--skip-systemctl-redirect",
-                version,
-                "main",
-                "restart",
-                "-m",
-                "fast",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        _wait_port(self.servers.postgres_port, 60)
-
-    def idle_transaction(self) -> None:
-        """A transaction that starts a saga, sits idle, and commits late."""
-        order = OrderData(
-            order_id=f"late-{uuid.uuid4().hex[:8]}", customer_id="c-00", sku="sku-00", quantity=1,
-            amount_cents=100, card_token="tok_late", region="north",
-        )  # fmt: skip
-
-        def hold() -> None:
-            try:
-                with self.system.connect("orders") as conn, conn.transaction():
-                    create_order.start(conn, order, idempotency_key=order.order_id)
-                    time.sleep(self.heartbeat * 2)
-                self.late_orders.append(order.order_id)
-            except psycopg.Error:
-                pass  # a PostgreSQL restart ended it: rolled back, nothing to check
-
-        thread = threading.Thread(target=hold, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def gateway_outage(self) -> None:
-        """Charges fail for longer than payments retries; the first one is made, its answer
-        lost. The held sagas wait for the operator's replay (see :func:`replay_held`)."""
-        gateway = GatewayClient(self.system.gateway_url)
-        gateway.set_faults(charges_down=True, drop_charges=1)
-        self._later(GATEWAY_OUTAGE_S, lambda: gateway.set_faults(charges_down=False))
-
-    def _later(self, seconds: float, action: Any) -> None:
-        timer = threading.Timer(seconds, action)
-        timer.start()
-        self._threads.append(timer)
-
-    def settle(self) -> None:
-        for thread in self._threads:
-            thread.join(120)
 
 
 def kinds_of(broker: str) -> tuple[str, ...]:
@@ -493,12 +283,12 @@ def _run(
         f"a fault every {interval}s; logs in {logs}"
     )
     try:
-        _wait_port(system.gateway_port, 120)  # a loaded box starts it slowly
+        wait_port(system.gateway_port, 120)  # a loaded box starts it slowly
         _inject_faults(supervisor, injector, rng, kinds, duration, interval)
         injector.settle()
-        _wait_port(servers.postgres_port, 60)
+        wait_port(servers.postgres_port, 60)
         if broker == "rabbitmq":
-            _wait_port(RABBITMQ_PORT, 60)
+            wait_port(RABBITMQ_PORT, 60)
         faults_end = time.monotonic()
         expected = sagas + len(injector.late_orders)
         resumer = BulkResume(system) if redis is not None and not redis.persistent else None
