@@ -31,6 +31,10 @@ from bench.three_step_saga import ThreeStepBench
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+#: The benchmark's own process: it starts the sagas and waits for them.
+DRIVER = "driver (this process)"
+
+
 def _process_cpu(pid: int) -> float:
     """User + system CPU seconds of one process (all its threads); 0 if it is gone."""
     try:
@@ -80,7 +84,7 @@ class CpuSnapshot:
             self.by_component[name] += _process_cpu(process.proc.pid)
         for server, pid in _server_pids():
             self.by_component[server] += _process_cpu(pid)
-        self.by_component["driver (this process)"] += _process_cpu(os.getpid())
+        self.by_component[DRIVER] += _process_cpu(os.getpid())
         self.busy, self.total = _machine_busy()
 
 

@@ -388,8 +388,9 @@ def _dashboard(args: argparse.Namespace, figures: Figures) -> list[Row]:
 
 
 def _scaling(args: argparse.Namespace, figures: Figures) -> list[Row]:
-    """The order saga with 1, 2 and 4 consumer processes per service; the capacity model's
-    prediction of each from the 1-process costs; its projection onto more machines."""
+    """The order saga with 1, 2 and 4 consumer processes per service, and 1 at half load;
+    the capacity model's prediction of each from the two 1-process runs' costs; its
+    projection onto more machines."""
     runs = []
     for processes in scaling.PROCESS_COUNTS:
         label = f"order saga, {processes} consumer process(es) per service"
@@ -397,7 +398,14 @@ def _scaling(args: argparse.Namespace, figures: Figures) -> list[Row]:
         if run is None:
             return [(label, "not measured", failed)]
         runs.append(run)
-    found, rows = scaling.figures_and_rows(runs)
+    label = "order saga, 1 consumer process per service at half load"
+    half_rate = runs[0].sagas_per_s / 2
+    part_load, failed = _attempt(
+        label, lambda: scaling.measure(1, args.sagas // 2, paced_at=half_rate)
+    )
+    if part_load is None:
+        return [(label, "not measured", failed)]
+    found, rows = scaling.figures_and_rows(runs, part_load)
     figures |= found
     for hosts in (1, 4, 16, 64):
         where = scaling.Deployment(hosts=hosts)

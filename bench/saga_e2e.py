@@ -42,6 +42,8 @@ class Measurement:
     latency_ms: dict[str, float]
     #: Mean deliveries committed per consumer transaction, by service.
     batch_mean: dict[str, float]
+    #: Consumer transactions (batches) committed, every consumer together.
+    transactions: float
 
 
 class Bench:
@@ -88,6 +90,7 @@ class Bench:
         self.supervisor = Supervisor(commands, work_dir)
         self._wait_for_metrics()
         self.submitted = 0
+        self._backlog = 0
 
     def close(self) -> None:
         self.supervisor.stop()
@@ -109,26 +112,64 @@ class Bench:
 
     def measure(self, orders: int, rate: float | None = None) -> Measurement:
         """Submit ``orders`` (paced at ``rate`` per second if given) and wait for all of them."""
-        batch = workload.make_orders(
-            orders,
-            workload.FailureRates(0, 0, 0, 0),
-            seed=self.submitted,
-            prefix=f"b{self.submitted}",
-        )
+        batch = self._new_orders(orders)
         before, before_steps = self._scrape_all(), self._steps()
         started = time.monotonic()
         if rate is None:
             workload.submit(self.system, batch, per_transaction=50)
         else:
             self._paced(batch, rate)
+        return self._finished(orders, started, before, before_steps)
+
+    def place_backlog(self, orders: int) -> None:
+        """Start ``orders`` sagas with the orders relay stopped: their first commands wait
+        in the outbox, as if every order had been placed at the same instant."""
+        batch = self._new_orders(orders)
+        self.supervisor.pause("orders-relay")
+        try:
+            workload.submit(self.system, batch, per_transaction=50)
+        except BaseException:
+            self.supervisor.resume("orders-relay")
+            raise
+        self._backlog = orders
+
+    def release_backlog(self) -> Measurement:
+        """Let the relay publish the placed backlog and wait for every saga of it: sagas/s
+        from the release to the last saga finished, with no driver competing for the CPU."""
+        orders, self._backlog = self._backlog, 0
+        if not orders:
+            raise RuntimeError("no backlog placed: call place_backlog first")
+        before, before_steps = self._scrape_all(), self._steps()
+        started = time.monotonic()
+        self.supervisor.resume("orders-relay")
+        return self._finished(orders, started, before, before_steps)
+
+    def _new_orders(self, orders: int) -> list[OrderData]:
+        batch = workload.make_orders(
+            orders,
+            workload.FailureRates(0, 0, 0, 0),
+            seed=self.submitted,
+            prefix=f"b{self.submitted}",
+        )
         self.submitted += orders
+        return batch
+
+    def _finished(
+        self, orders: int, started: float, before: dict[str, list[str]], before_steps: int
+    ) -> Measurement:
         self._wait_finished(self.submitted, timeout=600)
         elapsed = time.monotonic() - started
         after, steps = self._scrape_all(), self._steps() - before_steps
         hist_before, hist_after = _histogram(before), _histogram(after)
         delta = {le: hist_after[le] - hist_before.get(le, 0) for le in hist_after}
         batch_mean = {name: _batch_mean(before[name], after[name]) for name in self.ports}
-        return Measurement(orders / elapsed, steps / elapsed, _percentiles(delta), batch_mean)
+        transactions = sum(
+            _total(after[name], f"{BATCH_SIZE}_count") - _total(before[name], f"{BATCH_SIZE}_count")
+            for name in self.ports
+        )
+        return Measurement(
+            orders / elapsed, steps / elapsed, _percentiles(delta), batch_mean, transactions
+        )
 
     def consumer_rss_mb(self, service: str = "orders") -> float:
         pid = self.supervisor.processes[service].proc.pid

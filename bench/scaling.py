@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.profile import CpuSnapshot
+from bench.profile import DRIVER, CpuSnapshot
 from bench.saga_e2e import Bench
 from saga.examples.order_saga.cluster import SAGA_SERVICES
 
@@ -41,6 +41,7 @@ class Run:
 
     processes: int
     sagas_per_s: float
+    #: The machine's CPU per saga (every process, the servers, the kernel), less the driver's.
     machine_ms: float
     cores: float
     busy_share: float
@@ -48,6 +49,8 @@ class Run:
     component_ms: dict[str, float]
     #: Deliveries handled per saga, by service (its inbox rows).
     steps: dict[str, float]
+    #: Consumer transactions (batches) per saga, every service together.
+    transactions: float
 
     @property
     def broker_ms_per_message(self) -> float:
@@ -63,15 +66,27 @@ def component(process: str) -> str:
     return process if "relay" in process else _NUMBERED.sub("", process)
 
 
-def measure(processes: int, sagas: int) -> Run:
-    """One run with ``processes`` consumer processes per service."""
+def measure(processes: int, sagas: int, paced_at: float | None = None) -> Run:
+    """One run with ``processes`` consumer processes per service.
+
+    At full load the orders are placed before the clock starts (``Bench.place_backlog``):
+    one driver starting sagas while 16 consumers share two cores gets too little CPU to
+    keep them fed, and the run would measure the driver. ``paced_at`` starts them at that
+    many a second instead, with the clock running: a run at part load, where consumers
+    find few deliveries waiting and commit small batches.
+    """
     with tempfile.TemporaryDirectory() as work:
         bench = Bench(Path(work), processes=processes)
         try:
             bench.measure(300)  # warm up: connections, caches, JIT-less Python paths
+            if paced_at is None:
+                bench.place_backlog(sagas)
             steps_before = _steps(bench)
             before = CpuSnapshot(bench)
-            measured = bench.measure(sagas)
+            if paced_at is None:
+                measured = bench.release_backlog()
+            else:
+                measured = bench.measure(sagas, rate=paced_at)
             after = CpuSnapshot(bench)
             steps_after = _steps(bench)
         finally:
@@ -85,11 +100,12 @@ def measure(processes: int, sagas: int) -> Run:
     return Run(
         processes=processes,
         sagas_per_s=round(measured.sagas_per_s, 1),
-        machine_ms=1000 * busy / sagas,
+        machine_ms=1000 * busy / sagas - by_kind.get(DRIVER, 0.0),
         cores=(after.total - before.total) / elapsed,
         busy_share=busy / (after.total - before.total),
         component_ms=by_kind,
         steps={s: (steps_after[s] - steps_before[s]) / sagas for s in SAGA_SERVICES},
+        transactions=measured.transactions / sagas,
     )
 
 
@@ -102,20 +118,72 @@ def _steps(bench: Bench) -> dict[str, int]:
     return counts
 
 
-def bounds(costs: Run, processes: int, cores: float) -> dict[str, float]:
-    """Sagas/s each resource of this machine carries at most, from one run's costs."""
-    found = {"the machine's CPU": cores * 1000 / costs.machine_ms}
-    for service in SAGA_SERVICES:
-        ms = costs.component_ms[service]
-        found[f"{service} consumers' Python (one core each)"] = processes * 1000 / ms
-    return found
+@dataclass(frozen=True)
+class CostLine:
+    """CPU milliseconds per saga: a fixed part plus a part per consumer transaction."""
+
+    fixed_ms: float
+    per_transaction_ms: float
+
+    @classmethod
+    def through(cls, large: tuple[float, float], small: tuple[float, float]) -> CostLine:
+        """The line through two (transactions per saga, ms per saga) points: one from
+        large batches, one from small."""
+        (t_large, ms_large), (t_small, ms_small) = large, small
+        if t_small - t_large < 0.1:
+            raise ValueError(
+                f"the calibration runs committed {t_large:.2f} and {t_small:.2f} consumer "
+                "transactions per saga: too close to tell a transaction's cost from a saga's"
+            )
+        per_transaction = (ms_small - ms_large) / (t_small - t_large)
+        return cls(ms_large - per_transaction * t_large, per_transaction)
+
+    def at(self, transactions: float) -> float:
+        return self.fixed_ms + self.per_transaction_ms * transactions
 
 
-def predict(costs: Run, processes: int, cores: float) -> tuple[float, str]:
-    """The predicted sagas/s with ``processes`` per service, and the bound that sets it."""
-    found = bounds(costs, processes, cores)
-    limit = min(found, key=lambda name: found[name])
-    return found[limit], limit
+@dataclass(frozen=True)
+class CostModel:
+    """A saga's CPU as a function of how many consumer transactions carry it.
+
+    Calibrated from two 1-process runs: full load, where consumers commit large batches,
+    and part load, where they commit small ones. A run with more processes commits smaller
+    batches than the 1-process run at full load (each consumer takes a share of every
+    burst); the model takes that run's transactions per saga and prices them at the
+    1-process costs.
+    """
+
+    machine: CostLine
+    services: dict[str, CostLine]
+
+    @classmethod
+    def fit(cls, large: Run, small: Run) -> CostModel:
+        if large.processes != 1 or small.processes != 1:
+            raise ValueError("the cost model is calibrated from 1-process runs")
+
+        def line(large_ms: float, small_ms: float) -> CostLine:
+            return CostLine.through((large.transactions, large_ms), (small.transactions, small_ms))
+
+        return cls(
+            line(large.machine_ms, small.machine_ms),
+            {s: line(large.component_ms[s], small.component_ms[s]) for s in SAGA_SERVICES},
+        )
+
+    def bounds(self, processes: int, cores: float, transactions: float) -> dict[str, float]:
+        """Sagas/s each resource of this machine carries at most, at ``transactions``
+        consumer transactions per saga."""
+        found = {"the machine's CPU": cores * 1000 / self.machine.at(transactions)}
+        for service, cost in self.services.items():
+            found[f"{service} consumers' Python (one core each)"] = (
+                processes * 1000 / cost.at(transactions)
+            )
+        return found
+
+    def predict(self, run: Run) -> tuple[float, str]:
+        """The predicted sagas/s of ``run``'s deployment, and the bound that sets it."""
+        found = self.bounds(run.processes, run.cores, run.transactions)
+        limit = min(found, key=lambda name: found[name])
+        return found[limit], limit
 
 
 @dataclass(frozen=True)
@@ -156,14 +224,27 @@ def project(costs: Run, where: Deployment) -> dict[str, float]:
     return found
 
 
-def figures_and_rows(runs: list[Run]) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
-    """What the report shows: each run, the model's prediction for it, the 4-process check."""
-    base = runs[0]
+def figures_and_rows(
+    runs: list[Run], part_load: Run
+) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
+    """What the report shows: each run, the model's prediction for it, the 4-process check.
+
+    ``runs`` are the full-load runs, 1 process first; ``part_load`` is the 1-process run
+    at part load that, with the first, calibrates the model.
+    """
+    model = CostModel.fit(runs[0], part_load)
     # Another run on a shared machine inflates every cost: the report says how loaded it was.
-    figures: dict[str, float] = {"load_average_1min_at_end": round(os.getloadavg()[0], 2)}
+    figures: dict[str, float] = {
+        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
+        "scaling_model_fixed_ms_per_saga": round(model.machine.fixed_ms, 2),
+        "scaling_model_ms_per_transaction": round(model.machine.per_transaction_ms, 2),
+        "scaling_part_load_sagas_per_s": part_load.sagas_per_s,
+        "scaling_part_load_machine_ms_per_saga": round(part_load.machine_ms, 2),
+        "scaling_part_load_transactions_per_saga": round(part_load.transactions, 3),
+    }
     rows: list[tuple[str, str, str]] = []
     for run in runs:
-        predicted, limit = predict(base, run.processes, run.cores)
+        predicted, limit = model.predict(run)
         error = (predicted - run.sagas_per_s) / run.sagas_per_s
         n = run.processes
         figures |= {
@@ -171,6 +252,7 @@ def figures_and_rows(runs: list[Run]) -> tuple[dict[str, float], list[tuple[str,
             f"scaling_{n}_predicted_sagas_per_s": round(predicted, 1),
             f"scaling_{n}_prediction_error": round(error, 3),
             f"scaling_{n}_machine_ms_per_saga": round(run.machine_ms, 2),
+            f"scaling_{n}_transactions_per_saga": round(run.transactions, 3),
             f"scaling_{n}_busy_share": round(run.busy_share, 3),
         }
         for name, ms in sorted(run.component_ms.items()):
@@ -180,10 +262,28 @@ def figures_and_rows(runs: list[Run]) -> tuple[dict[str, float], list[tuple[str,
             (
                 f"{n} consumer process(es) per service",
                 f"{run.sagas_per_s:,.0f} sagas/s",
-                f"model {predicted:,.0f} ({error:+.0%}), bound by {limit}; machine "
+                f"model {predicted:,.0f} ({error:+.0%}), bound by {limit}; "
+                f"{run.transactions:.2f} consumer transactions per saga; machine "
                 f"{run.busy_share:.0%} busy, {run.machine_ms:.1f} ms CPU per saga",
             )
         )
+    rows.append(
+        (
+            "1 process at part load (calibration)",
+            f"{part_load.sagas_per_s:,.0f} sagas/s",
+            f"{part_load.transactions:.2f} consumer transactions per saga, "
+            f"{part_load.machine_ms:.1f} ms CPU per saga",
+        )
+    )
+    rows.append(
+        (
+            "model: the machine's CPU per saga",
+            f"{model.machine.fixed_ms:.2f} ms + {model.machine.per_transaction_ms:.2f} ms "
+            "per consumer transaction",
+            "fitted through the two 1-process runs",
+        )
+    )
+    base = runs[0]
     for name, ms in sorted(base.component_ms.items(), key=lambda item: -item[1]):
         rows.append((f"1-process cost: {name}", f"{ms:.2f} ms CPU per saga", ""))
     rows.append(
