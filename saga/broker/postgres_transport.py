@@ -102,6 +102,25 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id);
 """
 
 
+def claim_statement(table: sql.Identifier) -> sql.Composed:
+    """Take the oldest visible messages of some queues under a lease (parameters: the
+    queues, the limit twice, the lease in seconds, the lock token).
+
+    One index scan per queue, each walking ``(queue, visible_at, id)`` in order and
+    stopping at the limit: with ``queue = ANY(...)`` PostgreSQL cannot use the index's
+    order and sorts every visible message, so a claim's cost would grow with the backlog.
+    """
+    return sql.SQL(
+        "WITH next AS (SELECT c.id FROM unnest(%b::text[]) AS w(queue), LATERAL "
+        "(SELECT id, visible_at FROM {t} WHERE queue = w.queue AND visible_at <= now() "
+        "ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
+        "ORDER BY c.visible_at, c.id LIMIT %s) "
+        "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
+        "lock_token = %s, attempts = m.attempts + 1 FROM next WHERE m.id = next.id "
+        "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts"
+    ).format(t=table)
+
+
 def wake_channel(schema: str) -> str:
     """The ``LISTEN`` channel of a broker schema."""
     return f"{schema}_wake"
@@ -267,14 +286,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             return []
         token = uuid.uuid4()
         rows = self.db.execute(
-            sql.SQL(
-                "WITH next AS (SELECT id FROM {t} WHERE queue = ANY(%b::text[]) "
-                "AND visible_at <= now() ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) "
-                "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
-                "lock_token = %s, attempts = m.attempts + 1 FROM next WHERE m.id = next.id "
-                "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts"
-            ).format(t=self.table),
-            (list(queues), limit, self.lease, token),
+            claim_statement(self.table), (list(queues), limit, limit, self.lease, token)
         ).fetchall()
         if not rows:
             return []

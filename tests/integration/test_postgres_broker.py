@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
@@ -18,7 +19,9 @@ import psycopg
 import pytest
 from kombu import Consumer, Message
 from prometheus_client import CollectorRegistry
+from psycopg import sql
 
+from saga.broker.postgres_transport import claim_statement
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics
@@ -200,6 +203,32 @@ def test_a_consuming_channel_vacuums_the_messages_table(pg_broker: TestBroker) -
             what="the messages taken and the table vacuumed",
         )
     assert _rows(pg_broker, "svc") == []
+
+
+def test_a_claim_reads_the_same_few_pages_however_deep_the_backlog(
+    pg_broker: TestBroker,
+) -> None:
+    """A claim walks its queue's index in order and stops at the limit: with 20,000
+    messages waiting it reads a few pages, where sorting the backlog reads all of them."""
+    pg_broker.declare("svc")
+    queue = pg_broker.topology.queue_name("svc")
+    table = sql.Identifier("saga_broker", "messages")
+    with psycopg.connect(pg_broker.url) as conn:
+        conn.execute(
+            "INSERT INTO saga_broker.messages (queue, body) "
+            "SELECT %s, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, 20000)",
+            (queue,),
+        )
+        conn.commit()
+        conn.execute("ANALYZE saga_broker.messages")
+        conn.commit()
+        explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + claim_statement(table)
+        row = conn.execute(explain, ([queue], 10, 10, 30.0, uuid.uuid4())).fetchone()
+        conn.rollback()  # the claim ran: leave the messages as they were
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    pages = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert pages < 500, f"a claim of 10 read {pages} pages of a 20,000-message backlog"
 
 
 def _vacuums(broker: TestBroker) -> int:
