@@ -84,6 +84,7 @@ from saga.examples.order_saga.operator import BulkResume, replay_held
 from saga.examples.order_saga.private_servers import PrivateServers
 from saga.examples.order_saga.processes import SAGA
 from saga.examples.order_saga.redis_server import RedisServer
+from saga.examples.order_saga.stuck_sagas import describe_stuck
 from saga.examples.order_saga.supervisor import Supervisor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -318,6 +319,7 @@ def _run(
         "violations": report.violations,
         "figures": report.figures,
         "exit_codes": codes,
+        "stuck": describe_stuck(system) if unconverged else [],
     }
     result.update(_redis_figures(refused, resumer))
     if not keep:
@@ -446,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key}: {value}")
     for violation in result["violations"]:
         print(f"VIOLATION: {violation}")
+    for line in result["stuck"]:
+        print(line)
     if args.save:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y-%m-%d")

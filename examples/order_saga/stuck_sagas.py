@@ -1,0 +1,42 @@
+"""Where an unfinished saga of a chaos run stands: the message it waits on and every
+trace of it in the services' databases, so a run that does not converge says why."""
+
+from __future__ import annotations
+
+from saga.examples.order_saga.cluster import SAGA_SERVICES, Cluster
+
+
+def describe_stuck(system: Cluster, limit: int = 5) -> list[str]:
+    """One line per saga still running or compensating (the oldest ``limit``): its step,
+    the message it awaits, and where that message and its saga's rows are: which
+    services' inboxes recorded the message, their outbox rows and dead letters."""
+    with system.connect("orders") as conn:
+        stuck = conn.execute(
+            "SELECT id, status, step, pending_message_id, updated_at FROM saga.saga_instances "
+            "WHERE status IN ('running', 'compensating') ORDER BY updated_at LIMIT %s",
+            (limit,),
+        ).fetchall()
+    lines = []
+    for saga_id, status, step, pending, updated_at in stuck:
+        handled, outbox, letters = [], {}, {}
+        for service in SAGA_SERVICES:
+            with system.connect(service) as conn:
+                row = conn.execute(
+                    "SELECT (SELECT count(*) FROM saga.inbox WHERE message_id = %s), "
+                    "(SELECT count(*) FROM saga.outbox WHERE saga_id = %s), "
+                    "(SELECT count(*) FROM saga.dead_letters WHERE saga_id = %s)",
+                    (pending, saga_id, saga_id),
+                ).fetchone()
+            assert row is not None
+            if row[0]:
+                handled.append(service)
+            if row[1]:
+                outbox[service] = row[1]
+            if row[2]:
+                letters[service] = row[2]
+        lines.append(
+            f"unconverged saga {saga_id}: {status} at {step} since {updated_at:%H:%M:%S}, "
+            f"awaiting {pending}; handled by {handled or 'no inbox'}; "
+            f"outbox rows {outbox or 'none'}; dead letters {letters or 'none'}"
+        )
+    return lines
