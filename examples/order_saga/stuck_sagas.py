@@ -3,13 +3,17 @@ trace of it in the services' databases, so a run that does not converge says why
 
 from __future__ import annotations
 
+from saga.broker.queue_depths import waiting_messages
+from saga.broker.transport import Topology
 from saga.examples.order_saga.cluster import SAGA_SERVICES, Cluster
 
 
 def describe_stuck(system: Cluster, limit: int = 5) -> list[str]:
     """One line per saga still running or compensating (the oldest ``limit``): its step,
     the message it awaits, and where that message and its saga's rows are: which
-    services' inboxes recorded the message, their outbox rows and dead letters."""
+    services' inboxes recorded the message, their outbox rows and dead letters; then the
+    messages ready in each service's queue (with the consumers stopped, the unacknowledged
+    ones are back in it)."""
     with system.connect("orders") as conn:
         stuck = conn.execute(
             "SELECT id, status, step, pending_message_id, updated_at FROM saga.saga_instances "
@@ -39,4 +43,8 @@ def describe_stuck(system: Cluster, limit: int = 5) -> list[str]:
             f"awaiting {pending}; handled by {handled or 'no inbox'}; "
             f"outbox rows {outbox or 'none'}; dead letters {letters or 'none'}"
         )
+    if stuck:
+        topology = Topology(queue_prefix=system.queue_prefix)
+        waiting = waiting_messages(system.broker, topology, system.services)
+        lines.append(f"messages ready in the queues: {waiting}")
     return lines

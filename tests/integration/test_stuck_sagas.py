@@ -15,8 +15,9 @@ def test_a_stuck_saga_is_described_by_the_traces_of_the_message_it_awaits(
 ) -> None:
     orders = workload.make_orders(2, workload.FailureRates(0, 0, 0, 0))
     workload.submit(order_system, orders)  # nothing runs: each waits on its first command
-    lines = describe_stuck(order_system)
+    *lines, queues = describe_stuck(order_system)
     assert len(lines) == 2
+    assert queues.startswith("messages ready in the queues: {")
     assert all(
         "running at reserve_stock" in line
         and "handled by no inbox" in line
