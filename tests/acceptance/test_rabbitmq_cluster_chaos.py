@@ -17,10 +17,10 @@ from tests.support.chaos_runs import clean_chaos_run
 
 @pytest.mark.xfail(
     strict=False,
-    reason="known, open in issue 19: one run in the full suite (8 node kills in 120 s) left 2 "
-    "sagas running 120 s after the last fault, with nothing lost or duplicated; other runs "
-    "converge. A run that does not prints, per stuck saga, the message it awaits and where "
-    "it is (inboxes, outboxes, dead letters)",
+    reason="known, open in issue 19: about one run in five leaves a saga waiting on a command "
+    "that RabbitMQ took (tx.commit-ok, the outbox row deleted) and no handler committed, "
+    "with nothing lost from the outboxes or duplicated; the run prints each stuck saga, "
+    "the message it awaits and the messages left in every queue",
 )
 def test_chaos_on_a_three_node_cluster_loses_nothing_when_nodes_are_killed() -> None:
     if not rabbitmq_installed():
