@@ -17,8 +17,8 @@ from tests.support.chaos_runs import clean_chaos_run
 
 @pytest.mark.xfail(
     strict=False,
-    reason="known, open in issue 19: about one run in five leaves a saga waiting on a command "
-    "that RabbitMQ took (tx.commit-ok, the outbox row deleted) and no handler committed, "
+    reason="known, open in issue 19: some runs (3 of 9 on 2026-12-02) leave a saga waiting on a "
+    "command that RabbitMQ took (tx.commit-ok, the outbox row deleted) and no handler committed, "
     "with nothing lost from the outboxes or duplicated; the run prints each stuck saga, "
     "the message it awaits and the messages left in every queue",
 )
