@@ -54,6 +54,7 @@ import psycopg
 from kombu.transport import virtual
 from psycopg import sql
 
+from saga.broker.postgres_messages import MESSAGES_DDL, claim_statement
 from saga.broker.postgres_publishing import (
     DEFAULT_EXCHANGE,
     SUBSCRIPTIONS_DDL,
@@ -84,41 +85,6 @@ DEFAULT_BATCH = 100
 MAX_PENDING_ACKS = 1000
 #: A consuming channel vacuums the messages table this often (seconds; 0: never).
 VACUUM_INTERVAL = 10.0
-
-_DDL = """
-CREATE SCHEMA IF NOT EXISTS {schema};
-CREATE TABLE IF NOT EXISTS {table} (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    queue text NOT NULL,
-    body bytea NOT NULL,
-    headers jsonb NOT NULL DEFAULT '{{}}',
-    properties jsonb NOT NULL DEFAULT '{{}}',
-    visible_at timestamptz NOT NULL DEFAULT now(),
-    lock_token uuid,
-    attempts integer NOT NULL DEFAULT 0,
-    enqueued_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id);
-"""
-
-
-def claim_statement(table: sql.Identifier) -> sql.Composed:
-    """Take the oldest visible messages of some queues under a lease (parameters: the
-    queues, the limit twice, the lease in seconds, the lock token).
-
-    One index scan per queue, each walking ``(queue, visible_at, id)`` in order and
-    stopping at the limit: with ``queue = ANY(...)`` PostgreSQL cannot use the index's
-    order and sorts every visible message, so a claim's cost would grow with the backlog.
-    """
-    return sql.SQL(
-        "WITH next AS (SELECT c.id FROM unnest(%b::text[]) AS w(queue), LATERAL "
-        "(SELECT id, visible_at FROM {t} WHERE queue = w.queue AND visible_at <= now() "
-        "ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
-        "ORDER BY c.visible_at, c.id LIMIT %s) "
-        "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
-        "lock_token = %s, attempts = m.attempts + 1 FROM next WHERE m.id = next.id "
-        "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts"
-    ).format(t=table)
 
 
 def wake_channel(schema: str) -> str:
@@ -532,7 +498,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
                 db.execute(
-                    sql.SQL(_DDL + SUBSCRIPTIONS_DDL).format(
+                    sql.SQL(MESSAGES_DDL + SUBSCRIPTIONS_DDL).format(
                         schema=sql.Identifier(schema),
                         table=sql.Identifier(schema, "messages"),
                         index=sql.Identifier("messages_ready"),
