@@ -16,9 +16,11 @@ restarted.
 
 Every process is real: two publishers (:mod:`saga.examples.fanout.publisher`), two
 ``saga relay`` on the publishers' database, for each subscriber a ``saga consume`` and a
-``saga relay`` on its database. Every ``--interval`` seconds one of them (never the
-broker) is killed with SIGKILL and started again by the supervisor; halfway through,
-the broker is crashed and started again. In its first life every process also carries
+``saga relay`` on its database. The run has ``--duration`` / ``--interval`` fault slots,
+one every ``--interval`` seconds: in each, one of them (never the broker) is killed with
+SIGKILL and started again by the supervisor, except the middle slot, where the broker is
+crashed and started again. The slots are counted, not timed, so a broker slow to come
+back delays the later kills instead of dropping them. In its first life every process also carries
 two crash points (:data:`FAULTS`): a relay dies between the broker's confirmation and the
 delete of its rows, a subscriber between its commit and its acknowledgement, so copies
 come twice and the inboxes must absorb them. The events go out paced over
@@ -265,12 +267,13 @@ def _run(
     commands = the_run.commands(the_run.events / duration)
     supervisor = Supervisor(commands, the_run.log_dir, faults=FAULTS)
     started = time.monotonic()
+    slots = max(2, round(duration / interval))
     kills = restarts = 0
     try:
-        while time.monotonic() - started < duration:
+        for slot in range(slots):
             time.sleep(interval)
             supervisor.watch()
-            if not restarts and time.monotonic() - started >= duration / 2:
+            if slot == slots // 2:
                 the_run.servers.restart_broker()
                 restarts += 1
                 print(f"  t={time.monotonic() - started:5.1f}s broker restarted", flush=True)

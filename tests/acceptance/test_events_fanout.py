@@ -38,7 +38,7 @@ def test_three_subscribers_get_every_event_once_through_kills_and_a_broker_crash
         name: {"rows": EVENTS, "distinct": EVENTS} for name in ("audit", "billing", "reporting")
     }, result.get("logs")
     assert (result["lost"], result["duplicated"]) == (0, 0)
-    assert result["broker_restarts"] == 1 and result["kills"] >= 8
+    assert (result["broker_restarts"], result["kills"]) == (1, 14)  # 15 slots of 2 s
     assert result["process_restarts"] >= result["kills"]
     fired = result["fault_points_fired"]  # copies sent twice: the inboxes absorbed them
     assert fired.get("relay.after_publish", 0) >= 1 and fired.get("consumer.after_commit", 0) >= 2
