@@ -8,7 +8,8 @@ process's CPU time from ``/proc`` before and after: CPU milliseconds per saga
 for each service, each relay, PostgreSQL (all its processes), RabbitMQ and the
 driver, plus how busy the machine was. With ``--py-spy SERVICE`` it also
 samples that service's Python stacks (py-spy) and lists the functions that take
-its time. Results go to ``bench/results/profile-<workload>-latest.md``.
+its time. Results go to ``bench/results/profile-<workload>-latest.md`` (with ``--rate``,
+the sagas paced instead of started at once: ``profile-order-paced-latest.md``).
 """
 
 from __future__ import annotations
@@ -155,6 +156,13 @@ def main() -> None:
         help="the example order saga, or three steps doing the peers' writes",
     )
     parser.add_argument("--sagas", type=int, default=4_000, help="sagas started at once")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="order workload: start the sagas paced at this many a second instead of at once "
+        "(e.g. half the full-load rate, to see where half-load CPU goes)",
+    )
     parser.add_argument("--concurrency", type=int, default=1, help="worker threads per consumer")
     parser.add_argument(
         "--orchestrators", type=int, default=1, help="consumer processes of the saga's home"
@@ -167,6 +175,8 @@ def main() -> None:
     )
     parser.add_argument("--top", type=int, default=15, help="functions listed per sampled process")
     args = parser.parse_args()
+    if args.rate is not None and (args.workload != "order" or args.rate <= 0):
+        parser.error("--rate takes a positive number of sagas a second, with --workload order")
     py_spy = _py_spy() if args.py_spy else ""  # before starting anything: it may be missing
     with tempfile.TemporaryDirectory() as work:
         bench: Bench | ThreeStepBench
@@ -182,7 +192,11 @@ def main() -> None:
                 for name in args.py_spy
             }
             before, started = CpuSnapshot(bench), time.monotonic()
-            measured = bench.measure(args.sagas)
+            measured = (
+                bench.measure(args.sagas, rate=args.rate)
+                if isinstance(bench, Bench)
+                else bench.measure(args.sagas)
+            )
             after, elapsed = CpuSnapshot(bench), time.monotonic() - started
             stacks = {name: sampler.stop() for name, sampler in samplers.items()}
         finally:
@@ -203,7 +217,8 @@ def main() -> None:
             (f"{name}: {function}", f"{own:.1%} self", f"{inclusive:.1%} with callees")
             for function, own, inclusive in hot_functions(sampled, args.top)
         ]
-    path = report.write(figures, rows, machine(), name=f"profile-{args.workload}")
+    paced = "" if args.rate is None else "-paced"
+    path = report.write(figures, rows, machine(), name=f"profile-{args.workload}{paced}")
     print(path.read_text())
 
 
