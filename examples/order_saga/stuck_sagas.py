@@ -11,7 +11,8 @@ from saga.broker.transport import Topology
 from saga.examples.order_saga.cluster import SAGA_SERVICES, Cluster
 
 #: The line a home service's consumer logs when it resumed stuck sagas by itself.
-_RESUMED = re.compile(r"resumed \d+ stuck saga\(s\) of orders \(no progress for [^)]*\): (.*)$")
+_RESUMED = re.compile(r"resumed \d+ stuck saga\(s\) of orders \(no progress for [^)]*\): (.*)")
+_SAGA_AT_STEP = re.compile(r"[0-9a-f-]{36} at \w+")
 
 
 def automatic_resumes(log_dir: Path) -> list[str]:
@@ -21,7 +22,7 @@ def automatic_resumes(log_dir: Path) -> list[str]:
     for log in sorted(log_dir.glob("orders*.log")):
         for line in log.read_text(errors="replace").splitlines():
             if found := _RESUMED.search(line):
-                resumed.extend(found.group(1).split(", "))
+                resumed.extend(_SAGA_AT_STEP.findall(found.group(1)))
     return resumed
 
 
