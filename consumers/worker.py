@@ -42,12 +42,14 @@ from saga.broker.transport import (
     delivery_count,
 )
 from saga.consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.consumers.stuck_sweep import StuckSweep
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
 from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
 from saga.errors import ConfigurationError, SagaError
 from saga.faults import fault_point
 from saga.handlers.service import Service
+from saga.messaging.control import ResumeSaga
 from saga.messaging.envelope import CONTENT_TYPE
 from saga.messaging.events import EventRecords
 from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES, collect_written
@@ -85,6 +87,9 @@ class ConsumerOptions:
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
     #: Direct or through a transaction-mode pooler (no prepared statements then).
     database: DatabaseAccess = DIRECT
+    #: A saga home service's consumer resumes its sagas with no progress for this long
+    #: (:mod:`saga.consumers.stuck_sweep`); None: only an operator resumes them.
+    resume_stuck_after: timedelta | None = None
 
     def __post_init__(self) -> None:
         validate_schema(self.schema)
@@ -145,6 +150,7 @@ class Worker:
         self._relay_store = RelayStore(self.options.schema)
         self._events = EventRecords(self.options.schema)
         self._metrics = metrics
+        self.stuck_sweep = _stuck_sweep(service, self.options)
         self.ready = threading.Event()
         self.failure: Exception | None = None
 
@@ -259,6 +265,9 @@ class Worker:
             if self.broker.is_amqp and time.monotonic() - last_heartbeat >= 1.0:
                 conn.heartbeat_check()
                 last_heartbeat = time.monotonic()
+            if self.stuck_sweep is not None and self.stuck_sweep.due():
+                assert self._db is not None
+                self.stuck_sweep.sweep(self._db)
             if not self._buffer:
                 try:
                     conn.drain_events(timeout=self.options.poll_timeout)
@@ -371,6 +380,16 @@ class Worker:
 
     def _transient_errors(self) -> tuple[type[BaseException], ...]:
         return transient_errors(self._broker_conn or self.broker.connect())
+
+
+def _stuck_sweep(service: Service, options: ConsumerOptions) -> StuckSweep | None:
+    """The sweep resuming ``service``'s stuck sagas, if asked for and if it is a home."""
+    if options.resume_stuck_after is None:
+        return None
+    if ResumeSaga.message_type not in service.message_types:
+        logger.debug("%s hosts no sagas: nothing to resume", service.name)
+        return None
+    return StuckSweep(options.schema, service.name, options.resume_stuck_after)
 
 
 def _delivery(message: Message) -> Delivery:

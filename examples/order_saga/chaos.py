@@ -84,7 +84,7 @@ from saga.examples.order_saga.operator import BulkResume, replay_held
 from saga.examples.order_saga.private_servers import PrivateServers
 from saga.examples.order_saga.processes import SAGA
 from saga.examples.order_saga.redis_server import RedisServer
-from saga.examples.order_saga.stuck_sagas import describe_stuck
+from saga.examples.order_saga.stuck_sagas import automatic_resumes, describe_stuck
 from saga.examples.order_saga.supervisor import Supervisor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -114,6 +114,9 @@ BROKERS = ("rabbitmq", "rabbitmq-cluster", "redis", "redis-volatile", "postgres"
 POSTGRES_LEASE_S = 10
 #: Redis runs: a message taken by a killed consumer comes back this soon (seconds).
 REDIS_VISIBILITY_TIMEOUT_S = 10
+#: Cluster runs: the orders consumer resumes a saga with no progress for this long
+#: (seconds), as it should on quorum queues (docs/scaling.md, "Cluster chaos").
+RESUME_STUCK_AFTER_S = 45
 #: The payments service's delayed retries during a run: an outage outlasts them all.
 PAYMENTS_RETRY_DELAYS = "0.5,1"
 
@@ -150,6 +153,8 @@ def _deck(rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
 def _broker_env(broker: str, redis: RedisServer | None) -> dict[str, str]:
     if broker == "postgres":
         return {"SAGA_BROKER_LEASE": str(POSTGRES_LEASE_S)}
+    if broker == "rabbitmq-cluster":
+        return {"SAGA_RESUME_STUCK_AFTER": f"{RESUME_STUCK_AFTER_S}s"}
     if redis is None:
         return {}
     env = {"SAGA_REDIS_VISIBILITY_TIMEOUT": str(REDIS_VISIBILITY_TIMEOUT_S)}
@@ -320,6 +325,7 @@ def _run(
         "figures": report.figures,
         "exit_codes": codes,
         "stuck": describe_stuck(system) if unconverged else [],
+        "resumed_automatically": automatic_resumes(logs),
     }
     result.update(_redis_figures(refused, resumer))
     if not keep:
@@ -450,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"VIOLATION: {violation}")
     for line in result["stuck"]:
         print(line)
+    for saga in result["resumed_automatically"]:
+        print(f"resumed automatically (no progress for {RESUME_STUCK_AFTER_S}s): saga {saga}")
     if args.save:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).strftime("%Y-%m-%d")
@@ -464,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         f"duplicated={result['duplicated']} unconverged={result['unconverged']} "
         f"converge_s={result['converge_s']}"
         + (f" resumed={result['sagas_resumed']}" if "sagas_resumed" in result else "")
+        + f" resumed_automatically={len(result['resumed_automatically'])}"
     )
     missing_kinds = [k for k in kinds_of(args.broker) if not result["faults_by_kind"].get(k)]
     ok = not (

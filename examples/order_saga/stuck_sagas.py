@@ -3,9 +3,27 @@ trace of it in the services' databases, so a run that does not converge says why
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from saga.broker.queue_depths import waiting_messages
 from saga.broker.transport import Topology
 from saga.examples.order_saga.cluster import SAGA_SERVICES, Cluster
+
+#: The line a home service's consumer logs when it resumed stuck sagas by itself.
+_RESUMED = re.compile(r"resumed \d+ stuck saga\(s\) of orders \(no progress for [^)]*\): (.*)")
+_SAGA_AT_STEP = re.compile(r"[0-9a-f-]{36} at \w+")
+
+
+def automatic_resumes(log_dir: Path) -> list[str]:
+    """``<saga id> at <step>`` for each saga the orders consumers resumed by themselves
+    (``SAGA_RESUME_STUCK_AFTER``), from their logs (of every run of every process)."""
+    resumed: list[str] = []
+    for log in sorted(log_dir.glob("orders*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if found := _RESUMED.search(line):
+                resumed.extend(_SAGA_AT_STEP.findall(found.group(1)))
+    return resumed
 
 
 def describe_stuck(system: Cluster, limit: int = 5) -> list[str]:

@@ -49,6 +49,18 @@ def consume(
             "safety net); off: the relays publish everything."
         ),
     ] = True,
+    resume_stuck_after: Annotated[
+        str | None,
+        typer.Option(
+            "--resume-stuck-after",
+            help="A saga home's consumer resumes its sagas with no progress for this long "
+            "(e.g. 10m), as saga resume --stuck-after would: a command or reply a broker "
+            "lost is sent again under its message id. Default: only an operator resumes. "
+            "Env: SAGA_RESUME_STUCK_AFTER.",
+            envvar="SAGA_RESUME_STUCK_AFTER",
+            show_default=False,
+        ),
+    ] = None,
     metrics_port: MetricsPortOption = None,
     heartbeat: HeartbeatOption = None,
     accept_redis_message_loss: AcceptRedisMessageLossOption = False,
@@ -60,6 +72,7 @@ def consume(
     With SAGA_SIGNING_KEYS set, signatures are verified before decoding;
     SAGA_REQUIRE_SIGNATURE=true rejects unsigned messages too.
     """
+    from saga.cli.durations import parse_duration
     from saga.cli.loading import load_service
     from saga.consumers.runner import ServiceRunner
     from saga.consumers.worker import ConsumerOptions
@@ -75,6 +88,11 @@ def consume(
         delivery_limit,
     )
     setup_logging(settings, log_level, log_format)
+    stuck_after = parse_duration(resume_stuck_after)
+    if stuck_after is not None and stuck_after.total_seconds() <= 0:
+        raise typer.BadParameter(
+            f"{resume_stuck_after!r} is not a positive duration", param_hint="--resume-stuck-after"
+        )
     service = load_service(target)
     database_url, broker = settings.require_database_url(), broker_config(settings)
     runner = ServiceRunner(
@@ -90,6 +108,7 @@ def consume(
             publish_after_commit=publish_after_commit,
             delivery_limit=settings.delivery_limit,
             database=settings.database_access(),
+            resume_stuck_after=stuck_after,
         ),
         topology(settings, queue_prefix),
         metrics=serve_metrics(metrics_port, settings),

@@ -34,6 +34,7 @@ SELECT id, name, status, step, service, updated_at FROM {schema}.saga_instances
 WHERE status IN ('running', 'compensating') AND waiting_for IS NULL
   AND updated_at < now() - %(stuck)s::interval
   AND (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(service)s::text IS NULL OR service = %(service)s)
   AND (%(older)s::interval IS NULL OR started_at < now() - %(older)s::interval)
   AND (%(newer)s::interval IS NULL OR started_at >= now() - %(newer)s::interval)
 ORDER BY updated_at, id
@@ -55,6 +56,8 @@ class StuckFilter:
     #: Only sagas started within this long.
     newer_than: timedelta | None = None
     limit: int | None = None
+    #: Only sagas whose home is this service.
+    service: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,7 @@ class SagaResumer:
                 "older": which.older_than,
                 "newer": which.newer_than,
                 "limit": which.limit,
+                "service": which.service,
             },
         ).fetchall()
         return [StuckSaga(*row) for row in rows]
@@ -121,25 +125,37 @@ class SagaResumer:
         *,
         reason: str,
         progress: Callable[[int], None] | None = None,
+        message_id: Callable[[StuckSaga], UUID] | None = None,
     ) -> int:
         """Resume each of ``stuck``, :data:`BATCH` per transaction; return how many.
 
         ``progress`` is called with the number resumed after each committed batch.
+        ``message_id`` gives each resume its message id (a new one each by default).
         """
         for start in range(0, len(stuck), BATCH):
             batch = stuck[start : start + BATCH]
             with conn.transaction():
                 for saga in batch:
-                    self._send(conn, saga.id, saga.service, reason)
+                    the_id = message_id(saga) if message_id is not None else None
+                    self._send(conn, saga.id, saga.service, reason, the_id)
             if progress is not None:
                 progress(len(batch))
         return len(stuck)
 
     def _send(
-        self, conn: psycopg.Connection[Any], saga_id: UUID, service: str, reason: str
+        self,
+        conn: psycopg.Connection[Any],
+        saga_id: UUID,
+        service: str,
+        reason: str,
+        message_id: UUID | None = None,
     ) -> None:
         self.outbox.add(
-            conn, ResumeSaga(saga_id=saga_id, reason=reason), destination=service, saga_id=saga_id
+            conn,
+            ResumeSaga(saga_id=saga_id, reason=reason),
+            destination=service,
+            saga_id=saga_id,
+            message_id=message_id,
         )
         self._close_dead_letters(conn, saga_id)
 
