@@ -38,7 +38,10 @@ the three nodes' URLs. The deck SIGKILLs one node and starts it again
 (``kill_rabbitmq_node``, twice a deck, a different node each time: the others keep the
 quorum, and the clients fail over to them) besides killing and pausing processes,
 leaving transactions idle and taking the gateway down. The shared servers are never
-restarted. Nothing may be lost or handled twice, with no operator action but the replay.
+restarted. Nothing may be lost or handled twice, with no operator action but the replay;
+the orders consumer resumes a saga with no progress for :data:`RESUME_STUCK_AFTER_S`
+seconds (a message RabbitMQ's quorum queues lost, docs/scaling.md), and the run lists
+each saga it resumed.
 
 ``--pgbouncer`` puts every database URL of the services, the relays, the driver and a
 PostgreSQL broker through a private PgBouncer in transaction mode (see
