@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from bench.environment import ScratchDatabase
+from bench.profile import process_cpu
 
-TICKS = os.sysconf("SC_CLK_TCK")
 BODY = b"x" * 400
 
 _TABLES = """
@@ -58,11 +56,6 @@ TAKE = (
     "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE id = ANY(%b::bigint[])"
     " AND deliver_after IS NULL FOR UPDATE SKIP LOCKED) RETURNING id, body"
 )
-
-
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def one_by_one(conn: psycopg.Connection[Any], i: int) -> None:
@@ -108,13 +101,13 @@ def _measure(
     conn: psycopg.Connection[Any], backend: int, run: Callable[[int], object], count: int
 ) -> tuple[float, float, float]:
     """Wall, client CPU and server CPU microseconds per call of ``run``."""
-    wall, client, server = time.perf_counter(), time.process_time(), _cpu(backend)
+    wall, client, server = time.perf_counter(), time.process_time(), process_cpu(backend)
     for i in range(count):
         run(i)
     return (
         (time.perf_counter() - wall) / count * 1e6,
         (time.process_time() - client) / count * 1e6,
-        (_cpu(backend) - server) / count * 1e6,
+        (process_cpu(backend) - server) / count * 1e6,
     )
 
 

@@ -36,7 +36,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 DRIVER = "driver (this process)"
 
 
-def _process_cpu(pid: int) -> float:
+def process_cpu(pid: int) -> float:
     """User + system CPU seconds of one process (all its threads); 0 if it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -82,10 +82,10 @@ class CpuSnapshot:
     def __init__(self, bench: Bench | ThreeStepBench) -> None:
         self.by_component: Counter[str] = Counter()
         for name, process in bench.supervisor.processes.items():
-            self.by_component[name] += _process_cpu(process.proc.pid)
+            self.by_component[name] += process_cpu(process.proc.pid)
         for server, pid in _server_pids():
-            self.by_component[server] += _process_cpu(pid)
-        self.by_component[DRIVER] += _process_cpu(os.getpid())
+            self.by_component[server] += process_cpu(pid)
+        self.by_component[DRIVER] += process_cpu(os.getpid())
         self.busy, self.total = _machine_busy()
 
 
