@@ -9,7 +9,8 @@ statement shapes on tables of its own (no broker, no handler beyond one business
 update), one connection, and reads the client's and the server backend's CPU per
 transaction: once as the consumer sends them today (a round trip each), once with
 psycopg's pipeline mode (the same statements in four round trips). It also times single
-commands, to split a statement's cost between psycopg and the server.
+commands, to split a statement's cost between psycopg and the server. Results:
+``bench/results/lone-transaction-latest.md`` (and ``.json``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 import psycopg
 
-from bench.environment import ScratchDatabase
+from bench import report
+from bench.environment import ScratchDatabase, machine
 from bench.profile import process_cpu
 
 BODY = b"x" * 400
@@ -111,6 +113,11 @@ def _measure(
     )
 
 
+def _row(name: str, measured: tuple[float, float, float]) -> tuple[str, str, str]:
+    wall, client, server = measured
+    return name, f"client {client:.0f} µs, server {server:.0f} µs of CPU", f"wall {wall:.0f} µs"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=3_000, help="per run")
@@ -133,21 +140,19 @@ def main() -> None:
                     conn.execute("COMMIT"),
                 ),
             }
-            print("| command(s) | wall µs | client CPU µs | server CPU µs |")
-            print("|---|---|---|---|")
+            rows: list[tuple[str, str, str]] = []
+            figures: dict[str, float] = {}
             for name, single in singles.items():
-                figures = _measure(conn, backend, single, args.transactions)
-                print(f"| {name} | " + " | ".join(f"{f:.0f}" for f in figures) + " |")
-            for _ in range(args.rounds):
-                for name, shape in (("one by one", one_by_one), ("pipelined", pipelined)):
-                    figures = _measure(
-                        conn, backend, functools.partial(shape, conn), args.transactions
-                    )
-                    print(
-                        f"| lone delivery, {name} | "
-                        + " | ".join(f"{f:.0f}" for f in figures)
-                        + " |"
-                    )
+                rows.append(_row(name, _measure(conn, backend, single, args.transactions)))
+            for round_ in range(1, args.rounds + 1):
+                for key, shape in (("one_by_one", one_by_one), ("pipelined", pipelined)):
+                    run = functools.partial(shape, conn)
+                    measured = _measure(conn, backend, run, args.transactions)
+                    label = key.replace("_", " ")
+                    rows.append(_row(f"lone delivery, {label} (run {round_})", measured))
+                    figures[f"{key}_client_us_run{round_}"] = round(measured[1])
+                    figures[f"{key}_server_us_run{round_}"] = round(measured[2])
+            print(report.write(figures, rows, machine(), name="lone-transaction").read_text())
     finally:
         database.drop()
 
