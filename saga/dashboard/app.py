@@ -1,5 +1,6 @@
 """The dashboard's web application (Starlette, Jinja2 templates, Chart.js shipped in
-``static/``): routes, sign-in, and the action forms' checks."""
+``static/``): routes, sign-in, and the action forms' checks. Messages to the operator
+travel in the session (:mod:`.flash`), never in a query string."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 from uuid import UUID
 
 from psycopg.errors import QueryCanceled
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -24,7 +27,10 @@ from starlette.templating import Jinja2Templates
 
 from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard import actions, pages
+from saga.dashboard.flash import flash, take
+from saga.dashboard.headers import SecurityHeaders
 from saga.dashboard.security import SESSION_COOKIE, Guard
+from saga.dashboard.sessions import LIFETIME_S
 from saga.dashboard.sources import STATEMENT_TIMEOUT_S, Databases
 from saga.engine.store import SagaFilter
 from saga.errors import ActionRefused, DatabaseUnavailable, SagaError
@@ -73,14 +79,15 @@ class Dashboard:
         self.databases, self.guard = config.databases, config.guard
 
     def render(self, request: Request, template: str, context: dict[str, Any]) -> Response:
-        operator = self.guard.operator(request.cookies.get(SESSION_COOKIE))
+        signed_in = self.guard.signed_in(request.session)
+        here = quote(request.url.path) + (f"?{request.url.query}" if request.url.query else "")
         common = {
             "read_only": self.guard.read_only,
-            "operator": operator,
-            "csrf": self.guard.csrf_token(operator) if operator else "",
+            "operator": signed_in.operator if signed_in else None,
+            "csrf": signed_in.csrf if signed_in else "",
             "services": self.databases.services,
-            "notice": request.query_params.get("notice"),
-            "problem": request.query_params.get("problem"),
+            "messages": take(request.session),
+            "here": here,
         }
         return self.templates.TemplateResponse(request, template, {**common, **context})
 
@@ -136,8 +143,13 @@ class Dashboard:
         service = request.path_params["service"]
         where = _letter_filter(dict(request.query_params))
         plan = await run_in_threadpool(pages.replay_plan, self.databases, service, where)
-        context = {"service": service, "plan": plan, "criteria": where.describe(),
-                   "form": _letter_form(dict(request.query_params))}  # fmt: skip
+        context = {
+            "service": service,
+            "plan": plan,
+            "criteria": where.describe(),
+            "form": _letter_form(dict(request.query_params)),
+            "back": local_page(request.query_params.get("back", "/dead-letters")),
+        }
         return self.render(request, "replay_preview.html", context)
 
     async def audit(self, request: Request) -> Response:
@@ -147,46 +159,55 @@ class Dashboard:
         return self.render(request, "actions.html", {"recorded": found})
 
     async def sign_in_page(self, request: Request) -> Response:
-        return self.render(request, "login.html", {})
+        return self.render(
+            request, "login.html", {"next": local_page(request.query_params.get("next", ""))}
+        )
 
     async def sign_in(self, request: Request) -> Response:
+        """Sign in, then back to the page the operator came from (``next``)."""
         form = await request.form()
+        next_page = local_page(str(form.get("next", "")))
         try:
-            cookie = self.guard.sign_in(str(form.get("token", "")), str(form.get("operator", "")))
+            operator = self.guard.sign_in(
+                request.session, str(form.get("token", "")), str(form.get("operator", ""))
+            )
         except ActionRefused as exc:
-            return _back("/login", problem=str(exc))
-        response = _back("/", notice="signed in: actions are enabled")
-        response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="strict")
-        return response
+            flash(request.session, "problem", str(exc))
+            return _back("/login?" + urlencode({"next": next_page}))
+        flash(request.session, "notice", f"signed in as {operator}: actions are enabled")
+        return _back(next_page)
 
     async def sign_out(self, request: Request) -> Response:
-        response = _back("/", notice="signed out")
-        response.delete_cookie(SESSION_COOKIE)
-        return response
+        self.guard.sign_out(request.session)
+        flash(request.session, "notice", "signed out")
+        return _back("/")
 
     def action(
         self, perform: Callable[[Request, dict[str, str], actions.Actor], str], back: str
     ) -> Callable[[Request], Awaitable[Response]]:
         """An action endpoint: refused (403, nothing done) without a session and CSRF
-        token; otherwise ``perform`` runs and the page at ``back`` shows its outcome."""
+        token; otherwise ``perform`` runs and the page at ``back`` (or the form's own
+        ``back``, a page of the dashboard) shows its outcome."""
 
         async def endpoint(request: Request) -> Response:
             form = {k: str(v) for k, v in (await request.form()).items()}
             try:
-                operator = self.guard.authorize(
-                    request.cookies.get(SESSION_COOKIE), form.get("csrf")
-                )
+                operator = self.guard.authorize(request.session, form.get("csrf"))
             except ActionRefused as exc:
                 return PlainTextResponse(f"refused: {exc}", status_code=403)
             client = request.client.host if request.client else None
-            where = back.format(**request.path_params)
+            where = (
+                local_page(form["back"]) if form.get("back") else back.format(**request.path_params)
+            )
             try:
                 summary = await run_in_threadpool(
                     perform, request, form, actions.Actor(operator, client)
                 )
             except SagaError as exc:
-                return _back(where, problem=str(exc))
-            return _back(where, notice=summary)
+                flash(request.session, "problem", str(exc))
+                return _back(where)
+            flash(request.session, "notice", summary)
+            return _back(where)
 
         return endpoint
 
@@ -195,6 +216,12 @@ class Dashboard:
         return actions.replay_letters(self.databases, service, _letter_filter(form), actor)
 
     def purge(self, request: Request, form: dict[str, str], actor: actions.Actor) -> str:
+        """Purge, once the operator ticked the dry run's confirmation (sagas compensate)."""
+        if form.get("confirm") != "purge":
+            raise ActionRefused(
+                "nothing purged: tick the confirmation on the dry run's page to purge "
+                "(every held saga of those letters compensates)"
+            )
         service = request.path_params["service"]
         return actions.purge_letters(self.databases, service, _letter_filter(form), actor)
 
@@ -248,9 +275,17 @@ class Dashboard:
 def create_app(config: DashboardConfig) -> Starlette:
     """The dashboard over ``config.databases``; read-only unless ``config.guard`` has a token."""
     dashboard = Dashboard(config)
+    session_cookie = Middleware(
+        SessionMiddleware,
+        secret_key=config.guard.cookie_key,
+        session_cookie=SESSION_COOKIE,
+        max_age=LIFETIME_S,
+        same_site="strict",
+    )
     return Starlette(
         routes=dashboard.routes(),
         lifespan=dashboard.lifespan,
+        middleware=[Middleware(SecurityHeaders), session_cookie],
         exception_handlers={
             SagaError: dashboard.failed,
             ValueError: dashboard.failed,
@@ -259,8 +294,21 @@ def create_app(config: DashboardConfig) -> Starlette:
     )
 
 
-def _back(path: str, **message: str) -> RedirectResponse:
-    return RedirectResponse(f"{path}?{urlencode(message)}", status_code=303)
+def _back(path: str) -> RedirectResponse:
+    return RedirectResponse(path, status_code=303)
+
+
+def local_page(path: str) -> str:
+    """``path`` if it is a page of this dashboard, else the overview: a link to the
+    sign-in page cannot send the operator to another site after signing in."""
+    if (
+        path.startswith("/")
+        and not path.startswith("//")
+        and "\\" not in path
+        and all(" " < c < "\x7f" for c in path)
+    ):
+        return path
+    return "/"
 
 
 def _uuid(text: str) -> UUID:

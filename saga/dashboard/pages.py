@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.queue_depths import waiting_messages
 from saga.broker.transport import BrokerConfig, Topology
+from saga.dashboard import timeline
 from saga.dashboard.sources import Databases
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary
@@ -178,12 +179,18 @@ def saga_page(databases: Databases, service: str, where: SagaFilter) -> SagaPage
 class SagaDetail:
     service: str
     record: SagaRecord
-    steps: list[dict[str, Any]]
+    steps: list[timeline.TimelineRow]
+    commands: list[timeline.SentCommand]
     data_json: str
     chart: dict[str, Any]
     messages: dict[str, SagaMessages]
     received: dict[UUID, datetime]
     unreachable: dict[str, str]
+
+    @property
+    def pending(self) -> int:
+        """Messages of the saga still waiting in an outbox, in every database."""
+        return sum(len(found.pending) for found in self.messages.values())
 
 
 def saga_detail(databases: Databases, service: str, saga_id: UUID) -> SagaDetail:
@@ -194,9 +201,8 @@ def saga_detail(databases: Databases, service: str, saga_id: UUID) -> SagaDetail
         record = store.load(conn, saga_id)
         if record is None:
             raise UnknownSaga(f"no saga {saga_id} in {service}'s database")
-        timeline = store.timeline(conn, saga_id)
+        entries = store.timeline(conn, saga_id)
     origin = record.started_at or datetime.now(UTC)  # always set once stored
-    steps = [_step(row, origin) for row in timeline]
     messages: dict[str, SagaMessages] = {}
     unreachable: dict[str, str] = {}
     for other in databases.services:
@@ -208,72 +214,20 @@ def saga_detail(databases: Databases, service: str, saga_id: UUID) -> SagaDetail
     reply_ids = [r.reply_id for found in messages.values() for r in found.replies]
     with databases.connect(service) as conn:
         received = received_at(conn, schema, record.service, reply_ids)
+    letters = [letter for found in messages.values() for letter in found.dead_letters]
+    steps = timeline.step_rows(entries, letters, origin)
+    wait = timeline.current_wait(record, steps, origin, datetime.now(UTC))
     return SagaDetail(
         service,
         record,
         steps,
+        timeline.commands_sent(steps),
         masked_json(record.data),
-        _timeline_chart(record, origin, steps),
+        timeline.chart([*steps, wait] if wait else steps),
         messages,
         received,
         unreachable,
     )
-
-
-def _step(row: tuple[Any, ...], saga_start: datetime) -> dict[str, Any]:
-    step, phase, attempt, outcome, started, finished, error, message_id = row
-    return {
-        "step": step,
-        "phase": phase,
-        "attempt": attempt,
-        "outcome": outcome,
-        "started_at": started,
-        "finished_at": finished,
-        "offset_ms": (started - saga_start).total_seconds() * 1000,
-        "duration_ms": (finished - started).total_seconds() * 1000,
-        "error": error,
-        "message_id": message_id,
-    }
-
-
-_BAR_COLOURS = {
-    "forward": "#3b82f6",
-    "compensation": "#a855f7",
-    "retrying": "#f59e0b",
-    "failed": "#dc2626",
-    "waiting": "#9ca3af",
-}
-
-
-def _timeline_chart(
-    record: SagaRecord, origin: datetime, steps: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Chart.js floating bars: one per step attempt on a time axis (ms since the start),
-    coloured by kind: forward, compensation, retry, failure, and the current wait."""
-    labels, bars, colours = [], [], []
-    for i, s in enumerate(steps, 1):
-        kind = "compensation" if s["phase"] == "compensation" else "forward"
-        if s["outcome"] == "retrying":
-            kind = "retrying"
-        elif s["outcome"] in ("failed", "timed_out", "deadline_exceeded", "held"):
-            kind = "failed"
-        arrow = "↩" if s["phase"] == "compensation" else "→"
-        labels.append(f"{i}. {arrow} {s['step']} (try {s['attempt']}, {s['outcome']})")
-        end = s["offset_ms"] + max(s["duration_ms"], 0.5)
-        bars.append([round(s["offset_ms"], 1), round(end, 1)])
-        colours.append(_BAR_COLOURS[kind])
-    if not record.status.finished and record.step_started_at is not None:
-        start = (record.step_started_at - origin).total_seconds() * 1000
-        now = (datetime.now(UTC) - origin).total_seconds() * 1000
-        what = (
-            "waiting for an operator"
-            if record.status.needs_operator
-            else f"waiting for {record.waiting_for or 'its reply'}"
-        )
-        labels.append(f"{len(steps) + 1}. … {record.step}: {what}")
-        bars.append([round(start, 1), round(max(now, start + 0.5), 1)])
-        colours.append(_BAR_COLOURS["waiting"])
-    return {"labels": labels, "bars": bars, "colours": colours}
 
 
 @dataclass
@@ -308,6 +262,17 @@ class PlannedReplay:
     letter: Any
     destination: str | None
     skipped: str | None
+    #: Why the replay would likely fail again (a letter rejected before any handler ran).
+    warning: str | None = None
+
+
+def _rejected_again(letter: Any) -> str | None:
+    if letter.reason != "rejected":
+        return None
+    return (
+        f"rejected before any handler ran ({letter.error_type}): replayed unchanged, it is "
+        f"rejected again unless {letter.consumer} has changed to accept it"
+    )
 
 
 def replay_plan(databases: Databases, service: str, where: DeadLetterFilter) -> list[PlannedReplay]:
@@ -324,7 +289,7 @@ def replay_plan(databases: Databases, service: str, where: DeadLetterFilter) -> 
             skipped = moved_on.get(letter.id)
         except NotReplayable as exc:
             destination, skipped = None, f"refused: {exc}"
-        plan.append(PlannedReplay(letter, destination, skipped))
+        plan.append(PlannedReplay(letter, destination, skipped, _rejected_again(letter)))
     return plan
 
 

@@ -1,10 +1,11 @@
 """Who may change anything from the dashboard.
 
 Without ``SAGA_DASHBOARD_TOKEN`` the dashboard is read-only. With it, an operator signs
-in with the token and a name; the session cookie carries the name and a signature
-(HMAC with the token), so changing the name voids it. Every action form carries a
-CSRF token derived from the session (the double-submit of a value another site can
-neither read nor forge); the cookie is ``SameSite=Strict`` and ``HttpOnly`` as well.
+in with the token and a name and gets a server-side session (:mod:`.sessions`): the
+browser's cookie (Starlette's ``SessionMiddleware``, signed by itsdangerous with a key
+derived from the token, ``HttpOnly`` and ``SameSite=Strict``) only names it. Signing
+out, an idle timeout, a maximum lifetime, a new token or a restart end it. Every action
+form carries the session's own CSRF token.
 """
 
 from __future__ import annotations
@@ -12,59 +13,82 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import secrets
+from collections.abc import MutableMapping
+from typing import Any
 
+from saga.dashboard.sessions import SessionStore, SignedIn
 from saga.errors import ActionRefused
 
 ENV_TOKEN = "SAGA_DASHBOARD_TOKEN"
 SESSION_COOKIE = "saga_dashboard_session"
+#: The key of the session id in the signed cookie's data.
+SESSION_ID = "session"
 _OPERATOR_NAME = re.compile(r"^[\w .@-]{1,64}$")
 
 
-class Guard:
-    """Checks sessions and CSRF tokens against the dashboard's token (None: read-only)."""
+def _same(given: str, expected: str) -> bool:
+    """Constant-time equality of two texts, whatever characters they hold."""
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
 
-    def __init__(self, token: str | None) -> None:
-        self._key = token.encode() if token else None
+
+class Guard:
+    """Signs operators in and out, and checks sessions and CSRF tokens against the
+    dashboard's token (None: read-only)."""
+
+    def __init__(self, token: str | None, sessions: SessionStore | None = None) -> None:
+        self._token = token or None
+        self.sessions = sessions or SessionStore()
+        self._read_only_key = secrets.token_hex(32)
 
     @property
     def read_only(self) -> bool:
-        return self._key is None
+        return self._token is None
 
-    def _sign(self, purpose: str, operator: str) -> str:
-        assert self._key is not None
-        return hmac.new(self._key, f"{purpose}:{operator}".encode(), hashlib.sha256).hexdigest()
+    @property
+    def cookie_key(self) -> str:
+        """The key that signs the session cookie: derived from the dashboard's token, so a
+        cookie signed under another token is void; random on a read-only dashboard (whose
+        cookie only carries the pages' messages)."""
+        if self._token is None:
+            return self._read_only_key
+        return hmac.new(self._token.encode(), b"saga-dashboard-cookie", hashlib.sha256).hexdigest()
 
-    def sign_in(self, token: str, operator: str) -> str:
-        """The session cookie's value for ``operator``, if ``token`` is the dashboard's."""
-        if self._key is None:
+    def sign_in(self, session: MutableMapping[str, Any], token: str, operator: str) -> str:
+        """Open a session for ``operator`` if ``token`` is the dashboard's; returns the
+        name. Any session the cookie named before ends (a fresh id on every sign-in)."""
+        if self._token is None:
             raise ActionRefused("this dashboard is read-only: it was started without a token")
-        if not hmac.compare_digest(token.encode(), self._key):
+        if not _same(token, self._token):
             raise ActionRefused("wrong token")
         operator = operator.strip()
         if not _OPERATOR_NAME.match(operator):
             raise ActionRefused("give your name (letters, digits, space, . @ - _; 64 at most)")
-        return f"{operator}|{self._sign('session', operator)}"
+        self.sign_out(session)
+        session[SESSION_ID] = self.sessions.open(operator)
+        return operator
 
-    def operator(self, cookie: str | None) -> str | None:
-        """The operator a session cookie names, if its signature holds."""
-        if self._key is None or not cookie or "|" not in cookie:
+    def sign_out(self, session: MutableMapping[str, Any]) -> None:
+        """End the session the cookie names, here on the server: its cookie is void."""
+        self.sessions.close(session.pop(SESSION_ID, None))
+
+    def signed_in(self, session: MutableMapping[str, Any]) -> SignedIn | None:
+        """The open session the cookie names, if any."""
+        if self._token is None:
             return None
-        operator, signature = cookie.rsplit("|", 1)
-        expected = self._sign("session", operator)
-        return operator if hmac.compare_digest(signature, expected) else None
+        return self.sessions.find(session.get(SESSION_ID))
 
-    def csrf_token(self, operator: str) -> str:
-        return self._sign("csrf", operator)
-
-    def authorize(self, cookie: str | None, csrf: str | None) -> str:
+    def authorize(self, session: MutableMapping[str, Any], csrf: str | None) -> str:
         """The operator allowed to act, or :class:`ActionRefused` saying why not."""
-        if self._key is None:
+        if self._token is None:
             raise ActionRefused(
                 f"this dashboard is read-only: start it with {ENV_TOKEN} set to allow actions"
             )
-        operator = self.operator(cookie)
-        if operator is None:
+        signed_in = self.signed_in(session)
+        if signed_in is None:
             raise ActionRefused("sign in with the dashboard's token first")
-        if not csrf or not hmac.compare_digest(csrf, self.csrf_token(operator)):
+        if not csrf or not _same(csrf, signed_in.csrf):
             raise ActionRefused("the form's CSRF token is missing or wrong; reload the page")
-        return operator
+        return signed_in.operator

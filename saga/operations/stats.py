@@ -59,7 +59,8 @@ SELECT m,
        (SELECT count(*) FROM {schema}.saga_instances
         WHERE started_at >= m AND started_at < m + interval '1 minute'),
        (SELECT count(*) FROM {schema}.saga_instances
-        WHERE finished_at >= m AND finished_at < m + interval '1 minute')
+        WHERE finished_at >= m AND finished_at < m + interval '1 minute'
+          AND status IN ('completed', 'compensated'))
 FROM generate_series(date_trunc('minute', now()) - %(span)s::interval + interval '1 minute',
                      date_trunc('minute', now()), interval '1 minute') AS m
 ORDER BY m
@@ -97,7 +98,10 @@ class SagaWaiting:
 def per_minute(
     conn: psycopg.Connection[Any], schema: str, span: timedelta = timedelta(hours=1)
 ) -> list[tuple[datetime, int, int]]:
-    """(minute, sagas started, sagas finished) for each minute of the last ``span``."""
+    """(minute, sagas started, sagas finished) for each minute of the last ``span``.
+
+    Finished means completed or compensated: a saga held for an operator has its
+    ``finished_at`` set (when it stopped) but is not finished."""
     return conn.execute(render(_PER_MINUTE, schema), {"span": span}).fetchall()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -19,88 +18,38 @@ from saga.dashboard.security import SESSION_COOKIE, Guard
 from saga.dashboard.sources import Databases, ServiceDatabase
 from saga.engine.state import SagaRecord
 from saga.engine.store import SagaStore
-from saga.messaging.envelope import Envelope
-from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
+from tests.support.dashboard import (
+    TOKEN,
+    dashboard_client,
+    dead_letter,
+    sign_in,
+    start_trip,
+    state,
+)
 from tests.support.databases import TestDatabase
-from tests.support.services import EFFECTS_DDL, Ping
-
-TOKEN = "s3cret-dashboard-token"
-
-
-def _client(db: TestDatabase, token: str | None) -> Iterator[TestClient]:
-    db.execute(EFFECTS_DDL)  # the trip saga's local steps write there
-    databases = Databases([ServiceDatabase("trips", db.url)])
-    app = create_app(DashboardConfig(databases, Guard(token)))
-    with TestClient(app, follow_redirects=False) as client:
-        yield client
 
 
 @pytest.fixture
 def dashboard(db: TestDatabase) -> Iterator[TestClient]:
-    yield from _client(db, TOKEN)
+    with dashboard_client(db, Guard(TOKEN)) as client:
+        yield client
 
 
 @pytest.fixture
 def read_only(db: TestDatabase) -> Iterator[TestClient]:
-    yield from _client(db, None)
-
-
-def _sign_in(client: TestClient, operator: str = "ada") -> str:
-    """Sign in; return the CSRF token the pages' action forms carry."""
-    response = client.post("/login", data={"token": TOKEN, "operator": operator})
-    assert response.status_code == 303 and SESSION_COOKIE in response.cookies
-    page = client.get("/sagas").text
-    found = re.search(r'name="csrf" value="([0-9a-f]+)"', client.get(_any_saga_page(page)).text)
-    assert found, "no action form on a running saga's page"
-    return found.group(1)
-
-
-def _any_saga_page(list_page: str) -> str:
-    found = re.search(r'href="(/sagas/trips/[0-9a-f-]{36})"', list_page)
-    assert found
-    return found.group(1)
-
-
-def _dead_letter(db: TestDatabase, payload: dict[str, Any] | None = None) -> int:
-    envelope = Envelope.wrap(Ping(key=str(uuid.uuid4())))
-    if payload is not None:
-        envelope = envelope.model_copy(update={"payload": payload})
-    return int(
-        db.scalar(
-            "INSERT INTO saga.dead_letters (consumer, reason, message_id, message_type, "
-            "destination, content_type, body, error_type, error_message, traceback) VALUES "
-            "('bank', 'failed', %s, %s, 'bank', 'application/json', %s, 'GatewayTimeout', "
-            "'the gateway took too long', 'Traceback: gateway.py line 7') RETURNING id",
-            (envelope.message_id, envelope.type, envelope.to_bytes()),
-        )
-    )
-
-
-def _start_trip(db: TestDatabase, trip_id: str) -> uuid.UUID:
-    with db.connect(autocommit=False) as conn, conn.transaction():
-        return trips.trip.start(conn, trips.TripData(trip_id=trip_id))
-
-
-def _state(db: TestDatabase) -> tuple[Any, ...]:
-    """Everything an action could change."""
-    return (
-        db.rows("SELECT id, status, replay_count FROM saga.dead_letters ORDER BY id"),
-        db.rows("SELECT message_id FROM saga.outbox ORDER BY id"),
-        db.rows("SELECT id, status, cancel_requested, version FROM saga.saga_instances"),
-        db.scalar("SELECT count(*) FROM saga.dashboard_actions"),
-        db.scalar("SELECT count(*) FROM saga.dead_letter_replays"),
-    )
+    with dashboard_client(db, Guard(None)) as client:
+        yield client
 
 
 def _action_paths(db: TestDatabase) -> dict[str, tuple[str, dict[str, str]]]:
-    saga_id = _start_trip(db, "t-actions")
-    letter = _dead_letter(db)
+    saga_id = start_trip(db, "t-actions")
+    letter = dead_letter(db)
     return {
         "replay": ("/dead-letters/trips/replay", {"ids": str(letter)}),
         "replay a group": ("/dead-letters/trips/replay", {"consumer": "bank"}),
-        "purge": ("/dead-letters/trips/purge", {"ids": str(letter)}),
+        "purge": ("/dead-letters/trips/purge", {"ids": str(letter), "confirm": "purge"}),
         "cancel": (f"/sagas/trips/{saga_id}/cancel", {}),
         "resume": (f"/sagas/trips/{saga_id}/resume", {}),
     }
@@ -114,15 +63,15 @@ def test_an_action_without_a_session_changes_nothing(
     dashboard: TestClient, db: TestDatabase, action: str
 ) -> None:
     path, form = _action_paths(db)[action]
-    before = _state(db)
-    csrf = Guard(TOKEN).csrf_token("mallory")  # even a right CSRF token needs the session
+    before = state(db)
+    csrf = "A" * 43  # the shape of a CSRF token, without the session it belongs to
     for data in ({**form}, {**form, "csrf": csrf}, {**form, "token": TOKEN}):
         response = dashboard.post(path, data=data)
         assert response.status_code == 403 and "sign in" in response.text, response.text
     dashboard.cookies.set(SESSION_COOKIE, "mallory|" + "0" * 64)  # a forged session
     response = dashboard.post(path, data={**form, "csrf": csrf})
     assert response.status_code == 403
-    assert _state(db) == before
+    assert state(db) == before
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -130,14 +79,12 @@ def test_an_action_without_the_csrf_token_is_refused(
     dashboard: TestClient, db: TestDatabase, action: str
 ) -> None:
     path, form = _action_paths(db)[action]
-    csrf = _sign_in(dashboard)
-    before = _state(db)
+    csrf = sign_in(dashboard)
+    before = state(db)
     for data in ({**form}, {**form, "csrf": ""}, {**form, "csrf": csrf[:-1] + "0"}):
         response = dashboard.post(path, data=data)
         assert response.status_code == 403 and "CSRF" in response.text, response.text
-    other = Guard(TOKEN).csrf_token("someone-else")
-    assert dashboard.post(path, data={**form, "csrf": other}).status_code == 403
-    assert _state(db) == before
+    assert state(db) == before
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -146,20 +93,22 @@ def test_a_read_only_dashboard_says_so_and_refuses_every_action(
 ) -> None:
     path, form = _action_paths(db)[action]
     assert 'id="read-only"' in read_only.get("/").text
-    before = _state(db)
+    before = state(db)
     response = read_only.post(path, data={**form, "csrf": "x", "token": TOKEN})
     assert response.status_code == 403 and "read-only" in response.text
     assert read_only.post("/login", data={"token": TOKEN, "operator": "ada"}).status_code == 303
-    assert SESSION_COOKIE not in read_only.cookies
-    assert _state(db) == before
+    assert "read-only" in read_only.get("/login").text  # said once, from the session
+    response = read_only.post(path, data={**form, "csrf": "x"})
+    assert response.status_code == 403 and "read-only" in response.text
+    assert state(db) == before
 
 
 def test_signed_in_actions_take_effect_and_are_recorded(
     dashboard: TestClient, db: TestDatabase
 ) -> None:
-    to_cancel, to_resume = _start_trip(db, "t-cancel"), _start_trip(db, "t-resume")
-    replayed, purged = _dead_letter(db), _dead_letter(db)
-    csrf = _sign_in(dashboard, "ada lovelace")
+    to_cancel, to_resume = start_trip(db, "t-cancel"), start_trip(db, "t-resume")
+    replayed, purged = dead_letter(db), dead_letter(db)
+    csrf = sign_in(dashboard, "ada lovelace")
     preview = dashboard.get(f"/dead-letters/trips/replay?ids={replayed}").text
     assert "1 of 1 dead letter(s) in trips would be replayed" in preview
     assert db.scalar("SELECT status FROM saga.dead_letters WHERE id = %s", (replayed,)) == (
@@ -167,7 +116,7 @@ def test_signed_in_actions_take_effect_and_are_recorded(
     )
     posts = [
         ("/dead-letters/trips/replay", {"ids": str(replayed)}, "replayed 1 dead letter"),
-        ("/dead-letters/trips/purge", {"ids": str(purged)}, "purged 1 dead letter"),
+        ("/dead-letters/trips/purge", {"ids": str(purged), "confirm": "purge"}, "purged 1"),
         (f"/sagas/trips/{to_cancel}/cancel", {}, "will compensate"),
         (f"/sagas/trips/{to_resume}/resume", {}, "resume of saga"),
     ]
@@ -198,7 +147,7 @@ def test_pages_mask_sensitive_fields_as_the_cli_does(
     data = {"order": "o-1", "email": "ada@example.com", "card": {"card_number": "4111111111"}}
     with db.connect() as conn:
         SagaStore("saga").insert(conn, SagaRecord.new(saga_id, "checkout", 1, "trips", data))
-    letter = _dead_letter(db, {"key": "k", "password": "hunter2", "iban": "DE89370400440532"})
+    letter = dead_letter(db, {"key": "k", "password": "hunter2", "iban": "DE89370400440532"})
     page = dashboard.get(f"/sagas/trips/{saga_id}").text
     assert "o-1" in page and "ada@example.com" not in page and "4111111111" not in page
     shown = dashboard.get(f"/dead-letters/trips/{letter}").text
@@ -239,9 +188,9 @@ def test_the_list_filters_and_pages_through_every_saga_once(
 
 
 def test_overview_and_dead_letter_groups(dashboard: TestClient, db: TestDatabase) -> None:
-    _start_trip(db, "t-overview")
+    start_trip(db, "t-overview")
     for _ in range(3):
-        _dead_letter(db)
+        dead_letter(db)
     overview = dashboard.get("/").text
     assert "book_trip" in overview and 'class="status running"' in overview
     assert "data-chart=" in overview and "chart.umd.min.js" in overview

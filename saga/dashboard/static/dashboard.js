@@ -18,6 +18,8 @@ document.addEventListener("DOMContentLoaded", () => {
   }
   const timeline = document.getElementById("timeline");
   if (timeline) {
+    const box = timeline.parentElement;
+    box.style.height = `${box.dataset.height}px`; // set here: the page's policy allows no inline style
     const data = JSON.parse(timeline.dataset.chart);
     new Chart(timeline, {
       type: "bar",
@@ -33,14 +35,21 @@ document.addEventListener("DOMContentLoaded", () => {
           legend: { display: false },
           tooltip: {
             callbacks: {
-              label: (item) => {
-                const [start, end] = item.raw;
-                return `at ${start} ms, took ${(end - start).toFixed(1)} ms`;
-              },
+              label: (item) => data.tips[item.dataIndex],
             },
           },
         },
-        scales: { x: { title: { display: true, text: "ms since the saga started" } } },
+        scales: {
+          x: {
+            ticks: { display: !data.folded },
+            title: {
+              display: true,
+              text: data.folded
+                ? "time since the saga started (long waits drawn short: their labels give their length)"
+                : "ms since the saga started",
+            },
+          },
+        },
       },
     });
   }
