@@ -3,9 +3,11 @@ the ``saga dashboard`` command as a subprocess, for the dashboard's browser test
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import socket
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,6 +73,7 @@ def chromium() -> Iterator[webdriver.Chrome]:
     driver_path = servers.require_program("chromedriver", CHROMIUM_HINT)
     options = webdriver.ChromeOptions()
     options.binary_location = binary
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for policy_violations
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                  "--window-size=1400,1000", "--disable-gpu"):  # fmt: skip
         options.add_argument(flag)
@@ -101,9 +104,42 @@ def click_and_load(driver: webdriver.Chrome, element: WebElement) -> None:
     )
 
 
+def policy_violations(driver: webdriver.Chrome) -> list[str]:
+    """The browser console's messages about the Content-Security-Policy since the last
+    call (Chromium logs each thing the policy refused)."""
+    return [
+        str(entry["message"])
+        for entry in driver.get_log("browser")
+        if "Content Security Policy" in str(entry.get("message", ""))
+    ]
+
+
+class Walk:
+    """Counts the clicks (and reloads) an operator's path through the pages takes."""
+
+    def __init__(self, driver: webdriver.Chrome) -> None:
+        self.driver = driver
+        self.clicks = 0
+
+    def click(self, element: WebElement) -> None:
+        self.clicks += 1
+        click_and_load(self.driver, element)
+
+    def reload(self) -> None:
+        self.clicks += 1
+        self.driver.refresh()
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """A PNG file's width and height in pixels (from its header)."""
+    width, height = struct.unpack(">II", path.read_bytes()[16:24])
+    return int(width), int(height)
+
+
 class Screenshots:
-    """Saves the browser's screenshots in the test's folder, and in the folder
-    ``SAGA_DASHBOARD_SCREENSHOTS`` names, if set (to refresh the docs' images)."""
+    """Saves full-page screenshots (the whole page, however tall, not the window) in the
+    test's folder, and in the folder ``SAGA_DASHBOARD_SCREENSHOTS`` names, if set (to
+    refresh the docs' images)."""
 
     def __init__(self, driver: webdriver.Chrome, folder: Path) -> None:
         self.driver = driver
@@ -112,10 +148,13 @@ class Screenshots:
 
     def take(self, name: str) -> Path:
         path = self.folder / f"dashboard-{name}.png"
-        height = self.driver.execute_script("return document.body.scrollHeight")
-        self.driver.set_window_size(1400, min(max(int(height) + 40, 700), 2400))
-        assert self.driver.save_screenshot(str(path)), path
-        self.driver.set_window_size(1400, 1000)
+        size = self.driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+        shot = self.driver.execute_cdp_cmd(
+            "Page.captureScreenshot",
+            {"format": "png", "captureBeyondViewport": True, "clip": clip},
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
         if self.keep:
             shutil.copy(path, Path(self.keep) / path.name)
         return path
