@@ -83,6 +83,16 @@ def _hostile_database(db: TestDatabase) -> tuple[uuid.UUID, int]:
     return saga_id, letter
 
 
+def _rejected_letter(db: TestDatabase) -> None:
+    db.execute(
+        "INSERT INTO saga.dead_letters (consumer, reason, message_id, message_type, "
+        "destination, content_type, body, error_type, error_message) VALUES ('trips', "
+        "'rejected', %s, %s, 'trips', 'application/json', '{}', 'UnknownMessageType', "
+        "'nothing here handles this type')",
+        (uuid.uuid4(), HOSTILE[0]),
+    )
+
+
 def _nothing_injected(driver: WebDriver) -> None:
     found = driver.execute_script(
         "return [window.__pwned === undefined ? null : window.__pwned,"
@@ -115,6 +125,11 @@ def test_hostile_text_is_shown_as_text_on_every_page(db: TestDatabase, tmp_path:
         shot = Screenshots(browser, tmp_path).take("hostile-saga")
         page_height = browser.execute_script("return document.documentElement.scrollHeight")
         assert png_size(shot)[1] >= page_height > 2400, (png_size(shot), page_height)
+        for _ in range(2):  # messages of a type nothing registered, published onto a queue
+            _rejected_letter(db)
+        browser.get(f"{base}/dead-letters/trips/replay?consumer=trips&reason=rejected")
+        warning = browser.find_element(By.ID, "plan-warning").text
+        assert "2 of them were rejected before any handler ran" in warning, warning
         browser.get(f"{base}/login?next={quote('javascript:window.__pwned = 5')}")
         browser.find_element(By.ID, "operator-name").send_keys("ada")
         browser.find_element(By.ID, "token").send_keys(TOKEN)
