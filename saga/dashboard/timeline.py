@@ -88,6 +88,19 @@ def _tries(attempt: int, letter: DeadLetterRow | None, after_hold: bool) -> tupl
     return letter.attempts, ""
 
 
+def _resumed(
+    letter: DeadLetterRow | None, held_at: datetime, finished: datetime
+) -> tuple[datetime, str]:
+    """When a step held at ``held_at`` went on, and what it waited for until then: the
+    replay of its dead letter; or, its letter purged, the whole hold was a wait."""
+    replayed = letter.last_replayed_at if letter else None
+    if replayed is not None and held_at < replayed <= finished:
+        return replayed, "held, waiting for an operator's replay"
+    if letter is not None:
+        return finished, "held, waiting for an operator"
+    return held_at, ""
+
+
 def step_rows(
     entries: Sequence[tuple[Any, ...]], letters: Sequence[DeadLetterRow], origin: datetime
 ) -> list[TimelineRow]:
@@ -105,10 +118,8 @@ def step_rows(
         after_hold = before is not None and logged_start < before
         started = logged_start
         if before is not None and after_hold:
-            replayed = letter.last_replayed_at if letter else None
-            started = replayed if replayed and before < replayed <= finished else before
+            started, what = _resumed(letter, before, finished)
             if started > before:
-                what = "held, waiting for an operator's replay"
                 rows.append(_row(step, "wait", None, what, before, started, origin))
         tries, note = _tries(attempt, letter, after_hold)
         rows.append(

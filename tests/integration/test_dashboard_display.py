@@ -141,6 +141,41 @@ def test_a_hold_is_drawn_as_a_wait_and_the_step_tries_are_counted_truly(
     assert wait_bar < sum(widths) / 2  # the wait no longer dwarfs every step
 
 
+def test_a_hold_ended_by_a_purge_is_drawn_as_a_wait_too(
+    dashboard: TestClient, db: TestDatabase
+) -> None:
+    t0 = datetime.now(UTC) - timedelta(minutes=5)
+    at = lambda ms: t0 + timedelta(milliseconds=ms)  # noqa: E731
+    saga_id = _saga(db, "compensated", started=t0, finished=at(60_100))
+    charge = uuid.uuid4()
+    steps = [
+        ("charge_payment", "forward", "failed", 10, 900, "dead-lettered after 4 attempts"),
+        ("charge_payment", "forward", "held", 900, 900, "held: replay the dead letter"),
+        ("charge_payment", "forward", "failed", 10, 60_000, "purged by an operator"),
+    ]
+    for step, phase, outcome, start, end, error in steps:
+        db.execute(
+            "INSERT INTO saga.saga_steps (saga_id, step, phase, attempt, outcome, started_at, "
+            "finished_at, error, message_id) VALUES (%s, %s, %s, 1, %s, %s, %s, %s, %s)",
+            (saga_id, step, phase, outcome, at(start), at(end), error, charge),
+        )
+    db.execute(
+        "INSERT INTO saga.dead_letters (consumer, reason, message_id, message_type, saga_id, "
+        "body, error_type, error_message, attempts, status, first_failed_at, last_failed_at) "
+        "VALUES ('payments', 'failed', %s, 'ChargeCard', %s, '{}', 'HTTPError', '503', 4, "
+        "'purged', %s, %s)",
+        (charge, saga_id, at(100), at(890)),
+    )
+    rows = _step_rows(dashboard.get(f"/sagas/trips/{saga_id}").text)
+    assert [(r[4], r[6]) for r in rows] == [
+        ("failed", "890.0"),
+        ("held", "0.0"),
+        ("held, waiting for an operator", "59,100.0"),  # from the hold to the purge
+        ("failed", "0.0"),
+    ]
+    assert [r[3] for r in rows] == ["4", "4", "", "4"]
+
+
 def test_the_dry_run_warns_that_rejected_letters_will_be_rejected_again(
     dashboard: TestClient, db: TestDatabase
 ) -> None:
