@@ -152,6 +152,7 @@ def test_an_operator_replays_held_sagas_in_eight_clicks_and_the_pages_say_what_i
             assert browser.current_url == preview  # back where the operator was
             assert _text(browser, "#operator") == "ada"
 
+            shots.take("replay-preview")
             browser.find_element(By.ID, "purge").click()  # not ticked: the browser refuses
             assert browser.execute_script(
                 "return document.getElementById('confirm-purge').validity.valueMissing"
@@ -159,7 +160,6 @@ def test_an_operator_replays_held_sagas_in_eight_clicks_and_the_pages_say_what_i
             assert browser.current_url == preview
 
             gateway.set_faults(charges_down=False)  # the operator fixed the cause
-            shots.take("replay-preview")
             walk.click(browser.find_element(By.ID, "replay"))
             assert browser.current_url == saga_page
             assert f"replayed {HELD_ORDERS} dead letter(s)" in _text(browser, "#notice")
