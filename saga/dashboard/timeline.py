@@ -110,23 +110,23 @@ def step_rows(
         for letter in sorted(letters, key=lambda found: found.id)
         if letter.message_id is not None
     }
-    held_until: dict[UUID, datetime] = {}
+    last_end: dict[UUID, datetime] = {}
     rows: list[TimelineRow] = []
     for step, phase, attempt, outcome, logged_start, finished, error, message_id in entries:
         letter = letter_of.get(message_id) if message_id else None
-        before = held_until.get(message_id) if message_id else None
-        after_hold = before is not None and logged_start < before
+        previous_end = last_end.get(message_id) if message_id else None
+        after_hold = previous_end is not None and logged_start < previous_end
         started = logged_start
-        if before is not None and after_hold:
-            started, what = _resumed(letter, before, finished)
-            if started > before:
-                rows.append(_row(step, "wait", None, what, before, started, origin))
+        if previous_end is not None and after_hold:
+            started, what = _resumed(letter, previous_end, finished)
+            if started > previous_end:
+                rows.append(_row(step, "wait", None, what, previous_end, started, origin))
         tries, note = _tries(attempt, letter, after_hold)
         rows.append(
             _row(step, phase, tries, outcome, started, finished, origin, error, message_id, note)
         )
         if message_id:
-            held_until[message_id] = max(finished, before or finished)
+            last_end[message_id] = max(finished, previous_end or finished)
     return rows
 
 
