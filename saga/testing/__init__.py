@@ -15,6 +15,7 @@ rest of this package needs no pytest. See docs/testing.md.
 from saga.errors import PayloadMismatch
 from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
+from saga.testing.errors import ForeignDatabase, HarnessSetupError
 from saga.testing.harness import Consumed, SagaHarness, TimelineEntry
 from saga.testing.messages import Message
 from saga.testing.scenario import SagaScenario
@@ -23,7 +24,9 @@ from saga.testing.stubs import Fail, PendingCommand
 __all__ = [
     "Consumed",
     "Fail",
+    "ForeignDatabase",
     "HarnessDatabase",
+    "HarnessSetupError",
     "Message",
     "PayloadMismatch",
     "PendingCommand",
