@@ -16,7 +16,7 @@ from saga.errors import PayloadMismatch
 from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
 from saga.testing.errors import ForeignDatabase, HarnessSetupError
-from saga.testing.harness import Consumed, SagaHarness, TimelineEntry
+from saga.testing.harness import Consumed, Run, SagaHarness, TimelineEntry
 from saga.testing.messages import Message
 from saga.testing.scenario import SagaScenario
 from saga.testing.stubs import Fail, PendingCommand
@@ -30,6 +30,7 @@ __all__ = [
     "Message",
     "PayloadMismatch",
     "PendingCommand",
+    "Run",
     "SagaHarness",
     "SagaScenario",
     "TimelineEntry",

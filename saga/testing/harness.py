@@ -27,7 +27,8 @@ from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.effects.side_effects import SideEffects
 from saga.engine.definition import Saga
 from saga.engine.registry import SagaRegistry
-from saga.engine.state import SagaRecord
+from saga.engine.state import SagaRecord, SagaStatus
+from saga.engine.store import SagaFilter
 from saga.errors import StepFailed
 from saga.handlers.context import HandlerContext
 from saga.handlers.service import HandlerSpec, Service
@@ -37,6 +38,9 @@ from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
 from saga.testing.messages import Expected, Message, check_message, check_messages
 from saga.testing.stubs import Answer, Fail, PendingCommand, Stubs, as_reply
+
+#: How far ``run_until_idle(skip_time=True)`` moves the clock at most.
+DEFAULT_SKIP_LIMIT = timedelta(days=366)
 
 _TAKE_OUTBOX = """
 DELETE FROM {schema}.outbox
@@ -51,6 +55,14 @@ class Consumed:
     service: str
     message: Message
     outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What :meth:`SagaHarness.run_until_idle` did: messages delivered, virtual time passed."""
+
+    delivered: int
+    elapsed: timedelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,26 +177,39 @@ class SagaHarness:
         with self.conn.transaction():
             self._registry().cancel(self.conn, saga_id, reason)
 
-    def run_until_idle(self, max_messages: int = 10_000) -> int:
-        """Deliver every message that is due now, and what they send, until none is left."""
-        delivered = 0
-        while ready := self._collect():
-            for message in ready:
-                self._deliver(message)
-            delivered += len(ready)
-            if delivered > max_messages:
-                raise AssertionError(f"still busy after {delivered} messages: a loop?")
-        return delivered
+    def run_until_idle(
+        self,
+        max_messages: int = 10_000,
+        *,
+        skip_time: bool = False,
+        limit: timedelta = DEFAULT_SKIP_LIMIT,
+    ) -> Run:
+        """Deliver every message that is due now, and what they send, until none is left.
+
+        ``skip_time``: then, whenever nothing else can happen, move the clock to the next
+        timer (a wait's timeout, a deadline, a delayed retry or message) and fire it, until
+        every saga has settled (no saga running or compensating), nothing is scheduled,
+        a stubbed service holds a command for the test to answer, or the next timer lies
+        more than ``limit`` after the start. The result says how much virtual time passed.
+        """
+        start = self.clock.now()
+        delivered = self._drain(max_messages)
+        while skip_time and self._may_skip(start + limit):
+            item = heapq.heappop(self._scheduled)
+            self.clock.move_to(item.due)
+            self._deliver(item.message)
+            delivered += 1 + self._drain(max_messages - delivered)
+        return Run(delivered, self.clock.now() - start)
 
     def advance(self, delta: timedelta) -> int:
         """Move the clock by ``delta``, firing what falls due on the way, earliest first."""
         target = self.clock.now() + delta
-        delivered = self.run_until_idle()
+        delivered = self._drain()
         while self._scheduled and self._scheduled[0].due <= target:
             item = heapq.heappop(self._scheduled)
             self.clock.move_to(item.due)
             self._deliver(item.message)
-            delivered += 1 + self.run_until_idle()
+            delivered += 1 + self._drain()
         self.clock.move_to(target)
         return delivered
 
@@ -330,6 +355,33 @@ class SagaHarness:
         if self.registry is None:
             raise AssertionError("this harness was made without a saga registry")
         return self.registry
+
+    def _drain(self, max_messages: int = 10_000) -> int:
+        """Deliver what is due now, and what that sends, until the outbox stays empty."""
+        delivered = 0
+        while ready := self._collect():
+            for message in ready:
+                self._deliver(message)
+            delivered += len(ready)
+            if delivered > max_messages:
+                raise AssertionError(f"still busy after {delivered} messages: a loop?")
+        return delivered
+
+    def _may_skip(self, horizon: datetime) -> bool:
+        """Whether time may jump to the next timer: one is scheduled before ``horizon``, no
+        command waits for the test's answer, and some saga is still on its way."""
+        if not self._scheduled or self._scheduled[0].due > horizon:
+            return False
+        if any(self.stubs.waiting.values()):
+            return False
+        return self.registry is None or self._unsettled()
+
+    def _unsettled(self) -> bool:
+        store = self._registry().orchestrator.store
+        return any(
+            store.list(self.conn, SagaFilter(status=status, limit=1))
+            for status in (SagaStatus.RUNNING, SagaStatus.COMPENSATING)
+        )
 
     def _collect(self) -> list[Message]:
         """Empty the outbox: rows due now, in id order; delayed ones go on the schedule."""
