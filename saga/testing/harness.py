@@ -36,7 +36,14 @@ from saga.messaging.envelope import Envelope, message_type_of
 from saga.messaging.outbox import Outbox
 from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
-from saga.testing.messages import Expected, Message, check_message, check_messages
+from saga.testing.messages import (
+    Expected,
+    Message,
+    SentMessages,
+    check_message,
+    check_messages,
+    check_messages_in_any_order,
+)
 from saga.testing.stubs import Answer, Fail, PendingCommand, Stubs, as_reply
 
 #: How far ``run_until_idle(skip_time=True)`` moves the clock at most.
@@ -113,7 +120,8 @@ class SagaHarness:
         self.registry = registry
         self.clock = clock or VirtualClock()
         self.fail_fast = fail_fast
-        self.sent: list[Message] = []
+        #: every message sent, in order; ``sent(service, Type, where=...)`` finds matches
+        self.sent = SentMessages()
         #: the events published, once each (their subscribers' copies are in ``sent``)
         self.published: list[Message] = []
         self.consumed: list[Consumed] = []
@@ -227,6 +235,13 @@ class SagaHarness:
     def expect_command(self, service: str, expected: Expected | None = None) -> PendingCommand:
         """Run until idle; the oldest unanswered command at ``service``, checked against
         ``expected`` (a whole message, or a type); answer it with ``.reply``/``.fail``."""
+        if service in self._processors:
+            raise AssertionError(
+                f"{service!r} runs for real in this harness (one of its services), so its "
+                "commands go to its handlers and none waits for the test's answer: check what "
+                f"it handled with assert_consumed({service!r}, ...) or consumed_by({service!r}), "
+                "or leave it out of services= to stub it"
+            )
         self.run_until_idle()
         message = self.stubs.take(service, expected)
         if expected is not None:
@@ -296,9 +311,11 @@ class SagaHarness:
         handled = (Outcome.HANDLED, Outcome.BUSINESS_FAILURE)
         return [c.message for c in self.consumed if c.service == service and c.outcome in handled]
 
-    def assert_sent(self, service: str, *expected: Expected) -> None:
-        """Everything sent to ``service`` so far, in order, is ``expected``."""
-        check_messages(expected, self.sent_to(service), f"messages sent to {service}")
+    def assert_sent(self, service: str, *expected: Expected, any_order: bool = False) -> None:
+        """Everything sent to ``service`` so far is ``expected``: in order, or in any order
+        with ``any_order=True``."""
+        check = check_messages_in_any_order if any_order else check_messages
+        check(expected, self.sent_to(service), f"messages sent to {service}")
 
     def assert_published(self, *expected: Expected) -> None:
         """Every event published so far, in order, is ``expected``."""
