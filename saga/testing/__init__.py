@@ -12,10 +12,9 @@ The fixtures (``saga_harness``, ``saga_database``) come from the pytest plugin
 rest of this package needs no pytest. See docs/testing.md.
 """
 
-from saga.errors import PayloadMismatch
+from saga.errors import ForeignDatabase, HarnessSetupError, PayloadMismatch
 from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
-from saga.testing.errors import ForeignDatabase, HarnessSetupError
 from saga.testing.harness import Consumed, Run, SagaHarness, TimelineEntry
 from saga.testing.messages import Message
 from saga.testing.scenario import SagaScenario

@@ -56,7 +56,7 @@ class HarnessDatabase:
     """A test database of the harness's own, migrated; :meth:`reset` empties it.
 
     ``HarnessDatabase(url)`` uses the database ``url`` names, created if it does not
-    exist, refused (:class:`~saga.testing.errors.ForeignDatabase`) if it holds tables
+    exist, refused (:class:`~saga.errors.ForeignDatabase`) if it holds tables
     the harness did not create. :meth:`create` makes a fresh one on a server instead,
     which :meth:`close` drops.
     """

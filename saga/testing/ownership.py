@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from saga.testing.errors import ForeignDatabase
+from saga.errors import ForeignDatabase
 
 #: The schema and table whose presence says "this database belongs to saga.testing".
 MARKER_SCHEMA = "saga_testing"

@@ -22,9 +22,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from saga.db.embedded import database_url
 from saga.db.schema import available_migrations, migrate
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, HarnessSetupError
 from saga.observability.redaction import redact_url
-from saga.testing.errors import HarnessSetupError
 from saga.testing.ownership import MARKER_NOTE, claim
 
 logger = logging.getLogger(__name__)

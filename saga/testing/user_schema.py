@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from saga.testing.errors import HarnessSetupError
+from saga.errors import HarnessSetupError
 
 
 def schema_texts(entries: Iterable[str | Path]) -> list[str]:

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from saga.db.embedded import EmbeddedPostgres
+from saga.errors import HarnessSetupError
 from saga.testing import HarnessDatabase, SagaHarness
-from saga.testing.errors import HarnessSetupError
 from tests.support.databases import DatabaseFactory, with_credentials, with_database
 
 
