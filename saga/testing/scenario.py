@@ -118,7 +118,7 @@ class SagaScenario:
     def on(self, service: str, command: type[BaseModel], answer: Answer) -> None:
         """Answer every ``command`` sent to ``service`` with ``answer``, those already
         waiting (the saga's first command is sent when the scenario starts) included."""
-        self.stubs.add_rule(service, command, answer)
+        self.stubs.add_rule(service, message_type_of(command), answer)
         for message in self.stubs.take_all(service, command):
             given = self.stubs.receive(message)
             assert given is not None
