@@ -75,7 +75,7 @@ class ScheduleRun:
     def play(self, saga: Saga[Any], data: BaseModel, invariant: Invariant) -> None:
         """Start the saga, run it until it settles (late messages last), check ``invariant``."""
         h = self.harness
-        h.on_delivery = self._choose
+        h._on_delivery = self._choose
         saga_id = h.start(saga, data)
         self.steps.append(f"saga_id = h.start({saga.name}, {data!r})")
         while True:

@@ -136,9 +136,9 @@ class SagaHarness:
         self._crashes: dict[tuple[str, str], set[int]] = {}
         self._holds: dict[tuple[str, str], set[int]] = {}
         self._held: list[tuple[Message, bool]] = []
-        #: called with each message bound for a service and its number among those of its
-        #: service and type, before anything is done with it (how ``explore`` steers a run)
-        self.on_delivery: Callable[[Message, int], None] | None = None
+        # called with each message bound for a service and its number among those of its
+        # service and type, before anything is done with it (how explore steers a run)
+        self._on_delivery: Callable[[Message, int], None] | None = None
         self._outbox = Outbox(database.schema)
         self._take = _TAKE_OUTBOX.format(schema=database.schema)
         database.apply(schema)
@@ -480,8 +480,8 @@ class SagaHarness:
         key = (message.service, message.type)
         self._delivered[key] += 1
         nth = self._delivered[key]
-        if self.on_delivery is not None:
-            self.on_delivery(message, nth)
+        if self._on_delivery is not None:
+            self._on_delivery(message, nth)
         crash = nth in self._crashes.get(key, set())
         if nth in self._holds.get(key, set()):
             self._held.append((message, crash))

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from pydantic import BaseModel
 
+from saga import Saga
 from saga.db.embedded import EmbeddedPostgres
 from saga.errors import HarnessSetupError
 from saga.testing import HarnessDatabase, SagaHarness
@@ -72,3 +74,16 @@ def test_schema_refuses_what_is_neither_a_file_nor_sql(
 ) -> None:
     with pytest.raises(HarnessSetupError, match=r"does not exist|neither an existing file nor SQL"):
         SagaHarness(saga_database, schema=[entry])
+
+
+class Nothing(BaseModel):
+    pass
+
+
+def test_explore_without_hypothesis_names_the_extra(
+    saga_database: HarnessDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # the testing extra not installed
+    with SagaHarness(saga_database) as h, pytest.raises(HarnessSetupError) as raised:
+        h.explore(Saga("nothing", data=Nothing), Nothing(), lambda h, saga_id: None)
+    assert "pip install 'saga-outbox[testing]'" in str(raised.value)
