@@ -94,7 +94,8 @@ class ScheduleRun:
     def as_test(self, invariant: Invariant) -> str:
         """The run as a harness test to paste, ``h`` made as the explored harness was."""
         setup = [_setup_line(c) for c in self.choices if c.kind != DELIVER]
-        body = ["h.fail_fast = False", *setup, *self.steps, f"{_name(invariant)}(h, saga_id)"]
+        check = f"assert {_name(invariant)}(h, saga_id) is not False"
+        body = ["h.fail_fast = False", *setup, *self.steps, check]
         chosen = "\n".join(
             f"#   {c.service} {c.type_name} #{c.nth}: {c.kind}" for c in self.choices
         )
