@@ -21,8 +21,9 @@ from tests.integration.test_saga_testing import (
 registry, hold = hold_registry()
 
 
-def completes(h: SagaHarness, saga_id: UUID) -> bool:
-    return h.status(saga_id) == "completed"
+def reserve_never_refused(h: SagaHarness, saga_id: UUID) -> bool:
+    """Broken by a refusal (or a dead letter) of the vault's Reserve, by nothing else."""
+    return "reserve failed" not in h.steps(saga_id)
 
 
 def stubbed(saga_harness) -> SagaHarness:
@@ -33,11 +34,11 @@ def stubbed(saga_harness) -> SagaHarness:
 
 
 def test_explore_shrinks_a_stubs_failure_and_prints_a_test_that_replays_it(saga_harness) -> None:
-    with pytest.raises(AssertionError, match="completes returned False") as raised:
-        stubbed(saga_harness).explore(hold, HoldData(order_id="o-1"), completes)
+    with pytest.raises(AssertionError, match="reserve_never_refused returned False") as raised:
+        stubbed(saga_harness).explore(hold, HoldData(order_id="o-1"), reserve_never_refused)
 
     [report] = [n for n in raised.value.__notes__ if n.startswith("explore:")]
-    assert "#   vault Reserve #1: fails" in report  # the shortest: the first step fails
+    assert "#   vault Reserve #1: fails" in report  # shrunk from a dead letter, if drawn
     test_source = report[report.index("def test_explored_schedule") :]
     assert "h.on('vault', Reserve, Fail(\"explored failure\"))" in test_source
     namespace = {**globals(), "StepFailed": StepFailed, "Fail": Fail}
