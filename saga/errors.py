@@ -211,3 +211,14 @@ class Rejection(SagaError):
 class PayloadMismatch(SagaError, AssertionError):
     """A test's expected message differs from the one sent (saga.testing); the text
     shows both side by side."""
+
+
+class HarnessSetupError(ConfigurationError):
+    """saga.testing cannot get a test database (no server, no right to create one), or
+    cannot read the ``schema=`` it was given; the message says what to do."""
+
+
+class ForeignDatabase(HarnessSetupError):
+    """The database named for saga.testing holds tables the harness did not create:
+    emptying it before each test would delete them, so the harness refuses it and
+    changes nothing."""

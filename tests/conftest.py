@@ -67,9 +67,15 @@ def database_factory(postgres_url: str) -> Iterator[DatabaseFactory]:
 
 
 @pytest.fixture(scope="session")
-def saga_database_url(database_factory: DatabaseFactory) -> str:
-    """saga.testing's harness (its pytest plugin) on a database of its own on the test server."""
-    return database_factory.create().url
+def saga_server_url(postgres_url: str) -> str:
+    """saga.testing's harness (its pytest plugin) makes a database of its own on the test server."""
+    return postgres_url
+
+
+@pytest.fixture(scope="session")
+def saga_database_url() -> None:
+    """Never one database as is: here SAGA_TEST_DATABASE_URL names the test server."""
+    return None
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ The fixtures (``saga_harness``, ``saga_database``) come from the pytest plugin
 rest of this package needs no pytest. See docs/testing.md.
 """
 
-from saga.errors import PayloadMismatch
+from saga.errors import ForeignDatabase, HarnessSetupError, PayloadMismatch
 from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
-from saga.testing.harness import Consumed, SagaHarness, TimelineEntry
+from saga.testing.harness import Consumed, Run, SagaHarness, TimelineEntry
 from saga.testing.messages import Message
 from saga.testing.scenario import SagaScenario
 from saga.testing.stubs import Fail, PendingCommand
@@ -23,10 +23,13 @@ from saga.testing.stubs import Fail, PendingCommand
 __all__ = [
     "Consumed",
     "Fail",
+    "ForeignDatabase",
     "HarnessDatabase",
+    "HarnessSetupError",
     "Message",
     "PayloadMismatch",
     "PendingCommand",
+    "Run",
     "SagaHarness",
     "SagaScenario",
     "TimelineEntry",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,8 @@ from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.effects.side_effects import SideEffects
 from saga.engine.definition import Saga
 from saga.engine.registry import SagaRegistry
-from saga.engine.state import SagaRecord
+from saga.engine.state import SagaRecord, SagaStatus
+from saga.engine.store import SagaFilter
 from saga.errors import StepFailed
 from saga.handlers.context import HandlerContext
 from saga.handlers.service import HandlerSpec, Service
@@ -35,8 +37,19 @@ from saga.messaging.envelope import Envelope, message_type_of
 from saga.messaging.outbox import Outbox
 from saga.testing.clock import VirtualClock
 from saga.testing.database import HarnessDatabase
-from saga.testing.messages import Expected, Message, check_message, check_messages
+from saga.testing.explore import DEFAULT_BUDGET, Invariant, explore
+from saga.testing.messages import (
+    Expected,
+    Message,
+    SentMessages,
+    check_message,
+    check_messages,
+    check_messages_in_any_order,
+)
 from saga.testing.stubs import Answer, Fail, PendingCommand, Stubs, as_reply
+
+#: How far ``run_until_idle(skip_time=True)`` moves the clock at most.
+DEFAULT_SKIP_LIMIT = timedelta(days=366)
 
 _TAKE_OUTBOX = """
 DELETE FROM {schema}.outbox
@@ -51,6 +64,14 @@ class Consumed:
     service: str
     message: Message
     outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What :meth:`SagaHarness.run_until_idle` did: messages delivered, virtual time passed."""
+
+    delivered: int
+    elapsed: timedelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +122,8 @@ class SagaHarness:
         self.registry = registry
         self.clock = clock or VirtualClock()
         self.fail_fast = fail_fast
-        self.sent: list[Message] = []
+        #: every message sent, in order; ``sent(service, Type, where=...)`` finds matches
+        self.sent = SentMessages()
         #: the events published, once each (their subscribers' copies are in ``sent``)
         self.published: list[Message] = []
         self.consumed: list[Consumed] = []
@@ -110,16 +132,23 @@ class SagaHarness:
         self._seq = itertools.count()
         self._faults: dict[tuple[str, str], _Fault] = {}
         self._errors: list[tuple[str, str, BaseException]] = []
-        self._crashes: dict[tuple[str, str], int] = {}
-        self._holds: dict[tuple[str, str], int] = {}
-        self._held: list[Message] = []
+        self._delivered: Counter[tuple[str, str]] = Counter()
+        self._crashes: dict[tuple[str, str], set[int]] = {}
+        self._holds: dict[tuple[str, str], set[int]] = {}
+        self._held: list[tuple[Message, bool]] = []
+        # called with each message bound for a service and its number among those of its
+        # service and type, before anything is done with it (how explore steers a run)
+        self._on_delivery: Callable[[Message, int], None] | None = None
         self._outbox = Outbox(database.schema)
         self._take = _TAKE_OUTBOX.format(schema=database.schema)
         database.apply(schema)
         self.conn = psycopg.connect(database.url, autocommit=True)
+        # a test database need not outlive a server crash: commits need not wait for the disk
+        self.conn.execute("SET synchronous_commit = off")
         database.reset(self.conn)
         self._effects = SideEffects(database.url, schema=database.schema)
         originals = list(services)
+        self._given_services = list(originals)
         self._restore_clock: Callable[[], datetime] | None = None
         if registry is not None:
             self._restore_clock = registry.orchestrator.clock
@@ -165,26 +194,39 @@ class SagaHarness:
         with self.conn.transaction():
             self._registry().cancel(self.conn, saga_id, reason)
 
-    def run_until_idle(self, max_messages: int = 10_000) -> int:
-        """Deliver every message that is due now, and what they send, until none is left."""
-        delivered = 0
-        while ready := self._collect():
-            for message in ready:
-                self._deliver(message)
-            delivered += len(ready)
-            if delivered > max_messages:
-                raise AssertionError(f"still busy after {delivered} messages: a loop?")
-        return delivered
+    def run_until_idle(
+        self,
+        max_messages: int = 10_000,
+        *,
+        skip_time: bool = False,
+        limit: timedelta = DEFAULT_SKIP_LIMIT,
+    ) -> Run:
+        """Deliver every message that is due now, and what they send, until none is left.
+
+        ``skip_time``: then, whenever nothing else can happen, move the clock to the next
+        timer (a wait's timeout, a deadline, a delayed retry or message) and fire it, until
+        every saga has settled (no saga running or compensating), nothing is scheduled,
+        a stubbed service holds a command for the test to answer, or the next timer lies
+        more than ``limit`` after the start. The result says how much virtual time passed.
+        """
+        start = self.clock.now()
+        delivered = self._drain(max_messages)
+        while skip_time and self._may_skip(start + limit):
+            item = heapq.heappop(self._scheduled)
+            self.clock.move_to(item.due)
+            self._deliver(item.message)
+            delivered += 1 + self._drain(max_messages - delivered)
+        return Run(delivered, self.clock.now() - start)
 
     def advance(self, delta: timedelta) -> int:
         """Move the clock by ``delta``, firing what falls due on the way, earliest first."""
         target = self.clock.now() + delta
-        delivered = self.run_until_idle()
+        delivered = self._drain()
         while self._scheduled and self._scheduled[0].due <= target:
             item = heapq.heappop(self._scheduled)
             self.clock.move_to(item.due)
             self._deliver(item.message)
-            delivered += 1 + self.run_until_idle()
+            delivered += 1 + self._drain()
         self.clock.move_to(target)
         return delivered
 
@@ -197,11 +239,18 @@ class SagaHarness:
 
     def on(self, service: str, command: type[BaseModel], answer: Answer) -> None:
         """Answer every ``command`` sent to the stubbed ``service`` with ``answer``."""
-        self.stubs.add_rule(service, command, answer)
+        self.stubs.add_rule(service, message_type_of(command), answer)
 
     def expect_command(self, service: str, expected: Expected | None = None) -> PendingCommand:
         """Run until idle; the oldest unanswered command at ``service``, checked against
         ``expected`` (a whole message, or a type); answer it with ``.reply``/``.fail``."""
+        if service in self._processors:
+            raise AssertionError(
+                f"{service!r} runs for real in this harness (one of its services), so its "
+                "commands go to its handlers and none waits for the test's answer: check what "
+                f"it handled with assert_consumed({service!r}, ...) or consumed_by({service!r}), "
+                "or leave it out of services= to stub it"
+            )
         self.run_until_idle()
         message = self.stubs.take(service, expected)
         if expected is not None:
@@ -228,38 +277,84 @@ class SagaHarness:
         """The real ``service``'s handler of ``message_type`` raises ``error`` (a
         ``ConnectionError`` by default) on its next ``times`` calls, then runs again."""
         fault = error or ConnectionError("transient fault injected by the test")
-        self._faults[(service, message_type_of(message_type))] = _Fault(fault, times)
+        self._inject((service, message_type_of(message_type)), fault, times)
+
+    def _inject(self, key: tuple[str, str], error: BaseException, times: int) -> None:
+        self._faults[key] = _Fault(error, times)
 
     def redeliver(self, message: Message) -> None:
         """Deliver ``message`` again, as a broker does after a crash between commit and ack."""
         self._deliver(message)
 
     def crash_after_commit(
-        self, service: str, message_type: type[BaseModel], times: int = 1
+        self, service: str, message_type: type[BaseModel], times: int = 1, *, nth: int | None = None
     ) -> None:
-        """The real ``service``'s next ``times`` deliveries of ``message_type`` are handled and
-        committed, then its consumer dies before the acknowledgement: the broker hands each
-        one over again at once (the inbox must make that a no-op, its reply sent again)."""
-        self._crashes[(service, message_type_of(message_type))] = times
+        """The real ``service``'s next ``times`` deliveries of ``message_type`` (or its
+        ``nth`` one, counted from the test's start) are handled and committed, then its
+        consumer dies before the acknowledgement: the broker hands each one over again at
+        once (the inbox must make that a no-op, its reply sent again)."""
+        self._plan(self._crashes, (service, message_type_of(message_type)), times, nth)
 
-    def hold(self, service: str, message_type: type[BaseModel]) -> None:
-        """Hold back the next ``message_type`` bound for ``service``, as a slow broker queue
-        would, until :meth:`release`: what is sent after it overtakes it."""
-        key = (service, message_type_of(message_type))
-        self._holds[key] = self._holds.get(key, 0) + 1
+    def hold(self, service: str, message_type: type[BaseModel], *, nth: int | None = None) -> None:
+        """Hold back the next ``message_type`` bound for ``service`` (or its ``nth`` one,
+        counted from the test's start), as a slow broker queue would, until
+        :meth:`release`: what is sent after it overtakes it."""
+        self._plan(self._holds, (service, message_type_of(message_type)), 1, nth)
+
+    def _plan(
+        self,
+        plans: dict[tuple[str, str], set[int]],
+        key: tuple[str, str],
+        times: int,
+        nth: int | None,
+    ) -> None:
+        planned = plans.setdefault(key, set())
+        first = nth if nth is not None else max([self._delivered[key], *planned]) + 1
+        planned.update(range(first, first + times))
 
     def release(self, service: str, message_type: type[BaseModel] | None = None) -> int:
         """Hand over the held messages for ``service`` (of ``message_type``), oldest first,
         then run until idle; returns how many were held."""
-        wanted = message_type_of(message_type) if message_type is not None else None
-        held = [m for m in self._held if m.destination == service and wanted in (None, m.type)]
+        return self._release(service, message_type_of(message_type) if message_type else None)
+
+    def _release(self, service: str, wanted: str | None) -> int:
+        held = [
+            h for h in self._held if h[0].destination == service and wanted in (None, h[0].type)
+        ]
         if not held:
             raise AssertionError(f"nothing held for {service!r} ({wanted or 'any type'})")
-        for message in held:
-            self._held.remove(message)
-            self._hand_over(message)
+        for item in held:
+            self._held.remove(item)
+            self._hand_over(*item)
         self.run_until_idle()
         return len(held)
+
+    # -- exploring -----------------------------------------------------------------
+
+    def explore(
+        self,
+        saga: Saga[Any],
+        data: BaseModel,
+        invariant: Invariant,
+        *,
+        setup: Callable[[SagaHarness], object] | None = None,
+        max_examples: int = DEFAULT_BUDGET,
+    ) -> None:
+        """Run ``saga`` on ``data`` under up to ``max_examples`` schedules of failures drawn
+        by Hypothesis (every step failing or dead-lettered, every message delivered twice
+        or late, a cancel while any message is on its way), each in a fresh harness made as
+        this one (its stubs' rules included) and seeded by ``setup``; after each settles,
+        ``invariant(h, saga_id)`` must neither raise nor return False. A failure is shrunk to
+        the shortest schedule and carries the harness test that replays it. The database is
+        left as the last run left it."""
+        explore(self._sibling, saga, data, invariant, setup=setup, max_examples=max_examples)
+
+    def _sibling(self) -> SagaHarness:
+        sibling = SagaHarness(
+            self.database, self.registry, services=self._given_services, fail_fast=False
+        )
+        sibling.stubs = self.stubs.copy()
+        return sibling
 
     # -- what happened -------------------------------------------------------------
 
@@ -271,9 +366,11 @@ class SagaHarness:
         handled = (Outcome.HANDLED, Outcome.BUSINESS_FAILURE)
         return [c.message for c in self.consumed if c.service == service and c.outcome in handled]
 
-    def assert_sent(self, service: str, *expected: Expected) -> None:
-        """Everything sent to ``service`` so far, in order, is ``expected``."""
-        check_messages(expected, self.sent_to(service), f"messages sent to {service}")
+    def assert_sent(self, service: str, *expected: Expected, any_order: bool = False) -> None:
+        """Everything sent to ``service`` so far is ``expected``: in order, or in any order
+        with ``any_order=True``."""
+        check = check_messages_in_any_order if any_order else check_messages
+        check(expected, self.sent_to(service), f"messages sent to {service}")
 
     def assert_published(self, *expected: Expected) -> None:
         """Every event published so far, in order, is ``expected``."""
@@ -331,6 +428,33 @@ class SagaHarness:
             raise AssertionError("this harness was made without a saga registry")
         return self.registry
 
+    def _drain(self, max_messages: int = 10_000) -> int:
+        """Deliver what is due now, and what that sends, until the outbox stays empty."""
+        delivered = 0
+        while ready := self._collect():
+            for message in ready:
+                self._deliver(message)
+            delivered += len(ready)
+            if delivered > max_messages:
+                raise AssertionError(f"still busy after {delivered} messages: a loop?")
+        return delivered
+
+    def _may_skip(self, horizon: datetime) -> bool:
+        """Whether time may jump to the next timer: one is scheduled before ``horizon``, no
+        command waits for the test's answer, and some saga is still on its way."""
+        if not self._scheduled or self._scheduled[0].due > horizon:
+            return False
+        if any(self.stubs.waiting.values()):
+            return False
+        return self.registry is None or self._unsettled()
+
+    def _unsettled(self) -> bool:
+        store = self._registry().orchestrator.store
+        return any(
+            store.list(self.conn, SagaFilter(status=status, limit=1))
+            for status in (SagaStatus.RUNNING, SagaStatus.COMPENSATING)
+        )
+
     def _collect(self) -> list[Message]:
         """Empty the outbox: rows due now, in id order; delayed ones go on the schedule."""
         with self.conn.transaction():
@@ -354,13 +478,22 @@ class SagaHarness:
             return
         self.sent.append(message)
         key = (message.service, message.type)
-        if self._holds.get(key, 0) > 0:
-            self._holds[key] -= 1
-            self._held.append(message)
+        self._delivered[key] += 1
+        nth = self._delivered[key]
+        if self._on_delivery is not None:
+            self._on_delivery(message, nth)
+        crash = nth in self._crashes.get(key, set())
+        if nth in self._holds.get(key, set()):
+            self._held.append((message, crash))
             return
-        self._hand_over(message)
+        self._hand_over(message, crash)
 
-    def _hand_over(self, message: Message) -> None:
+    @property
+    def held(self) -> list[Message]:
+        """The messages held back (:meth:`hold`), oldest first."""
+        return [message for message, _ in self._held]
+
+    def _hand_over(self, message: Message, crash: bool = False) -> None:
         processor = self._processors.get(message.service)
         if processor is None:
             answer = self.stubs.receive(message)
@@ -370,10 +503,8 @@ class SagaHarness:
         self._errors.clear()
         (outcome,) = processor.process(self.conn, [Delivery(message.body, "application/json")])
         self.consumed.append(Consumed(message.service, message, outcome))
-        key = (message.service, message.type)
-        if self._crashes.get(key, 0) > 0 and outcome is not Outcome.RETRY_SCHEDULED:
-            self._crashes[key] -= 1  # committed, never acknowledged: the broker redelivers
-            self._hand_over(message)
+        if crash and outcome is not Outcome.RETRY_SCHEDULED:
+            self._hand_over(message)  # committed, never acknowledged: the broker redelivers
             return
         failed = outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED)
         if failed and self.fail_fast and self._errors:

@@ -29,7 +29,14 @@ from saga.messaging.control import FailureReply, Signal, StepDeadline, StepTimer
 from saga.messaging.envelope import STEP_HEADER, Envelope, message_type_of
 from saga.messaging.ids import uuid7
 from saga.testing.clock import VirtualClock
-from saga.testing.messages import Expected, Message, check_message, check_messages
+from saga.testing.messages import (
+    Expected,
+    Message,
+    SentMessages,
+    check_message,
+    check_messages,
+    check_messages_in_any_order,
+)
 from saga.testing.stubs import Answer, Fail, PendingCommand, Stubs, as_reply
 
 #: A local step's stand-in: a function of the saga's data (new data, or None), or None
@@ -84,7 +91,8 @@ class SagaScenario:
         self.home_service = home_service
         self.clock = clock or VirtualClock()
         self.stubs = Stubs()
-        self.sent: list[Message] = []
+        #: every command sent, in order; ``sent(service, Type, where=...)`` finds matches
+        self.sent = SentMessages()
         self.log: list[StepLogEntry] = []
         self.ignored: list[Envelope] = []  # answers that came after the saga moved on
         self._local = StubbedLocalSteps(local_steps, self.clock)
@@ -110,7 +118,7 @@ class SagaScenario:
     def on(self, service: str, command: type[BaseModel], answer: Answer) -> None:
         """Answer every ``command`` sent to ``service`` with ``answer``, those already
         waiting (the saga's first command is sent when the scenario starts) included."""
-        self.stubs.add_rule(service, command, answer)
+        self.stubs.add_rule(service, message_type_of(command), answer)
         for message in self.stubs.take_all(service, command):
             given = self.stubs.receive(message)
             assert given is not None
@@ -187,10 +195,12 @@ class SagaScenario:
     def sent_to(self, service: str) -> list[Message]:
         return [m for m in self.sent if m.destination == service]
 
-    def assert_sent(self, service: str, *expected: Expected) -> None:
-        """Everything sent to ``service`` so far, in order, is ``expected``."""
+    def assert_sent(self, service: str, *expected: Expected, any_order: bool = False) -> None:
+        """Everything sent to ``service`` so far is ``expected``: in order, or in any order
+        with ``any_order=True``."""
+        check = check_messages_in_any_order if any_order else check_messages
         self.run_until_idle()
-        check_messages(expected, self.sent_to(service), f"messages sent to {service}")
+        check(expected, self.sent_to(service), f"messages sent to {service}")
 
     # -- the orchestrator's part, in memory ------------------------------------------------
 

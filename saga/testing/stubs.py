@@ -58,8 +58,14 @@ class Stubs:
         self._rules: dict[tuple[str, str], Answer] = {}
         self.waiting: dict[str, list[Message]] = {}
 
-    def add_rule(self, service: str, command: type[BaseModel], answer: Answer) -> None:
-        self._rules[(service, message_type_of(command))] = answer
+    def add_rule(self, service: str, type_name: str, answer: Answer) -> None:
+        self._rules[(service, type_name)] = answer
+
+    def copy(self) -> Stubs:
+        """The same rules, no command waiting."""
+        copied = Stubs()
+        copied._rules = dict(self._rules)
+        return copied
 
     def receive(self, message: Message) -> BaseModel | Fail | None:
         """The rule's answer to ``message``, or None: it waits for the test."""

@@ -246,3 +246,25 @@ def test_a_command_retried_past_its_deadline_overtakes_the_held_original(saga_ha
     assert reserved == ["o-1"]
     assert [c.outcome.value for c in h.consumed if c.service == "vault"] == ["handled", "duplicate"]
     assert (h.status(saga_id), h.step(saga_id)) == ("running", "charge")
+
+
+def test_hold_and_crash_after_commit_pick_the_nth_message(saga_harness) -> None:
+    seen: list[int] = []
+    pings = Service("pings")
+
+    @pings.handler(Ping)
+    def ping(tx: Tx, msg: Ping, ctx: HandlerContext) -> None:
+        seen.append(msg.n)
+
+    h: SagaHarness = saga_harness(services=[pings])
+    h.hold("pings", Ping, nth=2)
+    h.crash_after_commit("pings", Ping, nth=3)
+    with h.transaction() as tx:
+        for n in (1, 2, 3):
+            Outbox().add(tx, Ping(n=n), destination="pings")
+    h.run_until_idle()
+    assert [m.payload["n"] for m in h.held] == [2]
+
+    h.release("pings", Ping)
+    assert seen == [1, 3, 2]  # the third handled once though delivered twice; the second last
+    assert [c.message.payload["n"] for c in h.consumed] == [1, 3, 3, 2]

@@ -44,3 +44,10 @@ def test_signals_move_the_saga_on_and_its_timeout_then_changes_nothing() -> None
     assert s.status == "completed"
     assert s.data == LoanData(loan_id="l1", score=700, approver="ann")
     assert s.local_calls == ["request_loan", "disburse"]
+
+
+def test_the_scenario_finds_and_checks_its_commands_as_the_harness_does() -> None:
+    s = waiting_loan()
+    [check] = s.sent("bureau", CheckCredit, where=lambda c: c.loan_id == "l1")
+    assert check == CheckCredit(loan_id="l1")
+    s.assert_sent("bureau", CheckCredit(loan_id="l1"), any_order=True)
