@@ -31,7 +31,13 @@ _DRAWN = {0x200D, *range(0xE0020, 0xE0080)}
 _ESCAPED_CATEGORIES = {"Cc", "Cs", "Zl", "Zp", "Cf"}
 
 
+#: The usual short escapes; every other character is written by its code point.
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(char: str) -> str:
+    if char in _SHORT:
+        return _SHORT[char]
     code = ord(char)
     if code < 0x100:
         return f"\\x{code:02x}"
