@@ -54,10 +54,10 @@ def main() -> None:
     try:
         app()
     except ConfigurationError as exc:
-        err_console.print(_failure("configuration error", exc))
+        err_console.print(_failure("configuration error", exc), soft_wrap=True)
         sys.exit(2)
     except SagaError as exc:
-        err_console.print(_failure("error", exc))
+        err_console.print(_failure("error", exc), soft_wrap=True)
         sys.exit(1)
 
 

@@ -212,14 +212,16 @@ def show_letter(
                 "last_failed_at", "status", "replay_count", "superseded",
                 "saga_status"):  # fmt: skip
         if document[key] is not None or key not in ("superseded", "saga_status"):
-            console.print(Text.assemble((key, "bold"), ": ", foreign(document[key])))
+            console.print(
+                Text.assemble((key, "bold"), ": ", foreign(document[key])), soft_wrap=True
+            )
     for key in ("headers", "payload", "body"):
         if key in document:
             console.print(Text(key, style="bold") + ":")
-            console.print(foreign_json(document[key]))
+            console.print(foreign_json(document[key]), soft_wrap=True)
     if letter.traceback:
         console.print(Text("traceback", style="bold") + ":")
-        console.print(foreign(letter.traceback, limit=BLOCK_LIMIT, multiline=True))
+        console.print(foreign(letter.traceback, limit=BLOCK_LIMIT, multiline=True), soft_wrap=True)
     if not reveal:
         console.print("[dim]fields that look like secrets or personal data are masked; --reveal")
 
@@ -291,7 +293,9 @@ def replay_letters(
             )
     console.print(f"[green]replayed {len(result.replayed)} dead letter(s)[/green]")
     for letter_id, why in result.refused.items():
-        console.print(Text(f"not replayed {letter_id}: ", style="yellow") + foreign(why))
+        console.print(
+            Text(f"not replayed {letter_id}: ", style="yellow") + foreign(why), soft_wrap=True
+        )
     if result.refused and not result.replayed:
         raise typer.Exit(1)
 

@@ -69,7 +69,9 @@ def resume(
         )
     with connect(settings) as conn, conn.transaction():
         service = resumer.resume(conn, saga_id, stuck_after=stuck_td, reason=reason)
-    console.print(foreign(f"resume of saga {saga_id} sent to {service!r}", style="green"))
+    console.print(
+        foreign(f"resume of saga {saga_id} sent to {service!r}", style="green"), soft_wrap=True
+    )
 
 
 def _resume_stuck(
@@ -95,4 +97,4 @@ def _resume_stuck(
             )
     services = Counter(s.service for s in stuck)
     sent = ", ".join(f"{number} to {service!r}" for service, number in sorted(services.items()))
-    console.print(foreign(f"resumed {resumed} saga(s): {sent}", style="green"))
+    console.print(foreign(f"resumed {resumed} saga(s): {sent}", style="green"), soft_wrap=True)

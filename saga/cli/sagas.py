@@ -163,10 +163,11 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
             foreign(record.name, style="bold"),
             f" v{record.saga_version}  {record.id}  ",
             (record.status.value, style),
-        )
+        ),
+        soft_wrap=True,
     )
     if record.last_error:
-        console.print(Text("last error: ") + foreign(record.last_error))
+        console.print(Text("last error: ") + foreign(record.last_error), soft_wrap=True)
     if record.status is SagaStatus.STEP_DEAD_LETTERED:
         console.print(
             Text.assemble(
@@ -174,7 +175,8 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
                 foreign(record.step),
                 ": its command is a dead letter in the participant's database; "
                 "`saga dlq replay` it to go on, or `saga dlq purge` it to compensate",
-            )
+            ),
+            soft_wrap=True,
         )
     table = Table(title="timeline")
     for column in ("#", "step", "phase", "try", "outcome", "ms", "error"):

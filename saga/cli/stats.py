@@ -105,7 +105,9 @@ def stats(
         foreign(f"{figures.stuck_count} stuck (no progress for {stuck_after})", style=style)
     )
     for s in figures.stuck:
-        console.print(foreign(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}"))
+        console.print(
+            foreign(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}"), soft_wrap=True
+        )
     if figures.unrouted_events:
         _print_unrouted(figures.unrouted_events)
     if queues is not None:

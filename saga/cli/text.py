@@ -47,7 +47,7 @@ def _escape(char: str) -> str:
 
 
 def _shown(char: str, multiline: bool) -> str:
-    if multiline and char in "\n\t":
+    if multiline and char == "\n":
         return char
     if unicodedata.category(char) in _ESCAPED_CATEGORIES and ord(char) not in _DRAWN:
         return _escape(char)
@@ -57,8 +57,9 @@ def _shown(char: str, multiline: bool) -> str:
 def visible(value: object, *, limit: int = CELL_LIMIT, multiline: bool = False) -> str:
     """``value`` as text that shows every character it holds and acts on nothing.
 
-    None is empty. ``multiline`` keeps newlines and tabs (a traceback); otherwise they are
-    escaped too, so one value stays on one line. Past ``limit`` characters the value is
+    None is empty. ``multiline`` keeps newlines (a traceback); otherwise they are escaped
+    too, so one value stays on one line. Tabs are always escaped (Rich would turn them
+    into spaces). Past ``limit`` characters the value is
     cut, and the cut is said.
     """
     text = "" if value is None else str(value)
