@@ -63,19 +63,25 @@ class TestBroker:
         headers: dict[str, Any] | None = None,
     ) -> None:
         """Publish several bodies on one connection, in order."""
+        self.publish_each(destination, [(body, content_type, headers or {}) for body in bodies])
+
+    def publish_each(
+        self, destination: str, deliveries: list[tuple[bytes, str, dict[str, Any]]]
+    ) -> None:
+        """Publish (body, content type, headers) triples on one connection, in order."""
         self.use(destination)
         with Connection(self.url) as conn:
             channel = conn.channel()
             self.topology.queue(destination)(channel).declare()
             producer = Producer(channel)
-            for body in bodies:
+            for body, content_type, headers in deliveries:
                 producer.publish(
                     body,
                     exchange="",
                     routing_key=self.topology.queue_name(destination),
                     content_type=content_type,
                     content_encoding="binary" if content_type != "application/json" else "utf-8",
-                    headers=headers or {},
+                    headers=headers,
                     delivery_mode=2,
                 )
 
