@@ -21,8 +21,9 @@ from psycopg.types.json import Jsonb
 from typer.testing import CliRunner
 
 from saga.cli.app import app
-from saga.cli.text import BLOCK_LIMIT, visible
+from saga.cli.text import BLOCK_LIMIT, CELL_LIMIT
 from saga.messaging.envelope import Envelope
+from saga.observability.visible_text import visible
 from tests.support.databases import TestDatabase
 from tests.support.hostile import acting_characters, hostile_text
 from tests.support.services import Ping
@@ -62,10 +63,10 @@ def saga_cli_in_process(db: TestDatabase, *args: str) -> str:
     return result.output
 
 
-def shown(value: str, **options: Any) -> str:
+def shown(value: str, limit: int = CELL_LIMIT, multiline: bool = False) -> str:
     """How a value must appear in a command's output: escaped, cut, trimmed at its ends
     (a table cell pads and strips)."""
-    return visible(value, **options).strip()
+    return visible(value, limit=limit, multiline=multiline).strip()
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def test_dead_letter_commands_show_hostile_types_errors_tracebacks_and_headers_a
     one = saga_cli_in_process(db, "dlq", "show", str(letter_id), "--reveal")
     for key in ("consumer", "error_type", "error_message", "message_type"):
         value = letter[{"error_message": "error", "message_type": "type"}.get(key, key)]
-        assert f"{key}: {visible(value)}".strip() in one
+        assert f"{key}: {visible(value, limit=CELL_LIMIT)}".strip() in one
     assert shown(traceback, limit=BLOCK_LIMIT, multiline=True) in one
     for value in (letter["header"], letter["note"]):  # headers, payload: JSON strings
         assert visible(json.dumps(value, ensure_ascii=False), limit=BLOCK_LIMIT) in one

@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from saga.cli.text import foreign, foreign_json, visible
+from saga.cli.text import foreign, foreign_json
+from saga.observability.visible_text import visible
 from tests.support.hostile import acting_characters
 
 
