@@ -34,6 +34,9 @@ from saga.settings import Settings
 
 app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
 
+#: ``saga dlq list`` shows this much of each error (``saga dlq show`` shows it whole).
+ERROR_COLUMN_LIMIT = 80
+
 ConsumerOption = Annotated[str | None, typer.Option(help="Only this consumer (service).")]
 ErrorTypeOption = Annotated[
     str | None, typer.Option("--error-type", help="Only this error type, e.g. TimeoutError.")
@@ -167,7 +170,7 @@ def list_letters(
             str(letter.id),
             foreign(letter.consumer),
             foreign(letter.reason),
-            foreign(f"{letter.error_type}: {letter.error_message}", limit=80),
+            foreign(f"{letter.error_type}: {letter.error_message}", limit=ERROR_COLUMN_LIMIT),
             foreign(letter.message_type),
             str(letter.attempts),
             letter.last_failed_at.strftime("%Y-%m-%d %H:%M:%S"),

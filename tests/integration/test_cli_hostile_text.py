@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from typer.testing import CliRunner
 
 from saga.cli.app import app
+from saga.cli.dlq import ERROR_COLUMN_LIMIT
 from saga.cli.text import BLOCK_LIMIT, CELL_LIMIT
 from saga.messaging.envelope import Envelope
 from saga.observability.visible_text import visible
@@ -31,7 +32,7 @@ from tests.support.services import Ping
 # Each example runs about ten commands against PostgreSQL: a few dozen examples in all
 # keep the suite to seconds.
 EXAMPLES = settings(
-    max_examples=12,
+    max_examples=10,
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -172,7 +173,7 @@ def test_dead_letter_commands_show_hostile_types_errors_tracebacks_and_headers_a
     assert "1 dead letter(s)" in listed
     assert shown(letter["consumer"]) in listed
     assert shown(letter["type"]) in listed
-    assert shown(f"{letter['error_type']}: {letter['error']}", limit=80) in listed
+    assert shown(f"{letter['error_type']}: {letter['error']}", ERROR_COLUMN_LIMIT) in listed
 
     one = saga_cli_in_process(db, "dlq", "show", str(letter_id), "--reveal")
     for key in ("consumer", "error_type", "error_message", "message_type"):

@@ -21,7 +21,7 @@ from tests.support.hostile import acting_characters, hostile_text
 logger = logging.getLogger("saga.tests.hostile")
 # The fixtures hold for every example: the root logger is restored once, after them all.
 LOG_EXAMPLES = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 
