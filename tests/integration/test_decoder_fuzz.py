@@ -3,10 +3,11 @@
 Hypothesis builds deliveries from bodies (bytes, JSON that is no envelope, envelopes with
 one field of a wrong type or missing, unknown types, invalid payloads, oversized ones and
 good ones), content types and signature headers (valid, forged, by an unknown key,
-missing, of the wrong type), and publishes each, followed by a good message, onto a
-PostgreSQL broker's queue that a signing service consumes. Each delivery must end once:
-handled, or dead-lettered with the reason its first flaw calls for (size, then
-signature, then content type, then the body). The consumer never stops, and every good
+missing, of the wrong type), and compression headers the body does not match, and
+publishes each, followed by a good message, onto a PostgreSQL broker's queue that a
+signing service consumes. Each delivery must end once: handled, or dead-lettered with the
+reason its first flaw calls for (a body the broker's client could not read, then size,
+then signature, then content type, then the body). The consumer never stops, and every good
 message behind the bad ones is handled.
 """
 
@@ -162,8 +163,13 @@ def cases(draw: st.DrawFn) -> Case:
              "application/x-python-serialize", "text/plain", "", "application/jsonx"]
         )
     )  # fmt: skip
+    compression = draw(st.sampled_from([None, None, None, "bogus", 5, "application/x-gzip"]))
+    if compression is not None:  # the broker's client cannot decompress what is not so
+        headers["compression"] = compression
     media_type = content_type.split(";", 1)[0].strip().lower()
-    if len(body.data) > MAX_BYTES:
+    if compression is not None:
+        expected = "UndecodableBody"
+    elif len(body.data) > MAX_BYTES:
         expected = "MessageTooLarge"
     elif signature_rejection is not None:
         expected = signature_rejection

@@ -39,3 +39,34 @@ def test_a_message_type_full_of_markup_is_listed_and_shown_as_written(
     shown = saga_cli(db.url, "dlq", "show", str(letter_id))
     assert shown.returncode == 0, shown.stderr
     assert f"message_type: {HOSTILE_TYPE}" in shown.stdout
+
+
+def test_a_body_the_brokers_client_cannot_decompress_is_dead_lettered_and_the_consumer_goes_on(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """kombu decompresses a body whose ``compression`` header it knows, before the consumer
+    sees it; it raised out of the consumer's loop on one it could not, stopping the service."""
+    db.execute(EFFECTS_DDL)
+    plain = Envelope.wrap(Ping(key="claims gzip")).to_bytes()
+    good = Envelope.wrap(Ping(key="behind")).to_bytes()
+    with running_service(service, db, rabbit) as runner:
+        rabbit.publish_each(
+            service.name,
+            [
+                (plain, "application/json", {"compression": "application/x-gzip"}),
+                (plain, "application/json", {"compression": "[/x] bogus"}),
+                (good, "application/json", {}),
+            ],
+        )
+        wait_until(
+            lambda: db.scalar("SELECT count(*) FROM effects WHERE key = 'behind'") == 1,
+            what="the message behind them handled",
+        )
+        assert runner.failure is None
+    letters = db.rows("SELECT error_type, error_message FROM saga.dead_letters ORDER BY id")
+    assert [error_type for error_type, _ in letters] == ["UndecodableBody", "UndecodableBody"]
+    assert "could not read it" in letters[0][1]
+    assert "could not read it: KeyError: '[/x] bogus'" in letters[1][1]
+    assert db.scalar("SELECT count(*) FROM effects") == 1
+    listed = saga_cli(db.url, "dlq", "list")
+    assert listed.returncode == 0, listed.stderr
