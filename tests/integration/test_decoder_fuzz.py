@@ -2,9 +2,9 @@
 
 Hypothesis builds deliveries from bodies (bytes, JSON that is no envelope, envelopes with
 one field of a wrong type or missing, unknown types, invalid payloads, oversized ones and
-good ones), content types and signature headers (valid, forged, by an unknown key,
-missing, of the wrong type), and compression headers the body does not match, and
-publishes each, followed by a good message, onto a PostgreSQL broker's queue that a
+good ones), content types, content encodings, signature headers (valid, forged, by an
+unknown key, missing, of the wrong type) and compression headers the body does not match,
+and publishes each, followed by a good message, onto a PostgreSQL broker's queue that a
 signing service consumes. Each delivery must end once: handled, or dead-lettered with the
 reason its first flaw calls for (a body the broker's client could not read, then size,
 then signature, then content type, then the body). The consumer never stops, and every good
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from consumers import ServiceRunner
 from saga.messaging.envelope import Envelope
 from saga.messaging.signing import KEY_HEADER, SIGNATURE_HEADER, KeyRing
-from tests.support.brokers import TestBroker
+from tests.support.brokers import RawMessage, TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.hostile import hostile_text
 from tests.support.running import running_service
@@ -45,9 +45,7 @@ _keys = count()
 class Case:
     """One delivery and what must become of it (None: handled)."""
 
-    body: bytes
-    content_type: str
-    headers: dict[str, Any]
+    message: RawMessage
     expected: str | None
     key: str | None = None  # the Ping's key, when it is one
 
@@ -177,7 +175,9 @@ def cases(draw: st.DrawFn) -> Case:
         expected = "ContentTypeRejected"
     else:
         expected = body.rejection
-    return Case(body.data, content_type, headers, expected, body.key)
+    # The content_encoding property is the publisher's word only: the body is read as bytes.
+    encoding = draw(st.sampled_from([None, "utf-8", "binary", "latin-1", "gzip", "rot13"]))
+    return Case(RawMessage(body.data, content_type, headers, encoding), expected, body.key)
 
 
 @dataclass
@@ -221,13 +221,13 @@ def test_every_delivery_is_handled_or_dead_lettered_with_its_reason_once(
     batch: list[Case],
 ) -> None:
     db.execute("TRUNCATE saga.dead_letters, public.effects")
-    deliveries: list[tuple[bytes, str, dict[str, Any]]] = []
+    deliveries: list[RawMessage] = []
     goods: list[str] = []
     for case in batch:
         envelope, key = _ping()
         goods.append(key)
         body = envelope.to_bytes()
-        deliveries += [(case.body, case.content_type, case.headers), (body, JSON, RING.sign(body))]
+        deliveries += [case.message, RawMessage(body, JSON, RING.sign(body))]
     before = sum(signing_consumer.counts.values())
     pg_broker.publish_each(service.name, deliveries)
     wait_until(
@@ -243,7 +243,7 @@ def test_every_delivery_is_handled_or_dead_lettered_with_its_reason_once(
         if reason == "rejected"
     )
     assert db.scalar("SELECT count(*) FROM saga.dead_letters WHERE reason <> 'rejected'") == 0
-    assert letters == Counter((c.body, c.expected) for c in batch if c.expected is not None)
+    assert letters == Counter((c.message.body, c.expected) for c in batch if c.expected is not None)
     handled = Counter(key for (key,) in db.rows("SELECT key FROM public.effects"))
     expected_keys = goods + [c.key for c in batch if c.expected is None and c.key]
     assert handled == Counter(expected_keys)

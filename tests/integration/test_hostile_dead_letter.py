@@ -8,7 +8,7 @@ then still work, and show that type as it was written.
 from __future__ import annotations
 
 from saga.messaging.envelope import Envelope
-from tests.support.brokers import TestBroker
+from tests.support.brokers import RawMessage, TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.running import running_service
@@ -53,9 +53,9 @@ def test_a_body_the_brokers_client_cannot_decompress_is_dead_lettered_and_the_co
         rabbit.publish_each(
             service.name,
             [
-                (plain, "application/json", {"compression": "application/x-gzip"}),
-                (plain, "application/json", {"compression": "[/x] bogus"}),
-                (good, "application/json", {}),
+                RawMessage(plain, headers={"compression": "application/x-gzip"}),
+                RawMessage(plain, headers={"compression": "[/x] bogus"}),
+                RawMessage(good),
             ],
         )
         wait_until(
