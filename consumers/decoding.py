@@ -35,12 +35,18 @@ def decode(
     service: Service,
     max_bytes: int,
     authenticate: Callable[[bytes], None] | None = None,
+    *,
+    unreadable: str | None = None,
 ) -> Decoded:
     """Validate ``body`` for ``service``; raise :class:`Rejection` with the reason if unusable.
 
+    ``unreadable`` says why the broker's client could not read the body (a compression
+    header it does not know, a body that does not decompress): it is refused first.
     ``authenticate`` (a signature check, raising on a forgery) runs on the raw bytes once
     they are known not to be oversized, before anything parses them.
     """
+    if unreadable is not None:
+        raise Rejection("UndecodableBody", f"the broker's client could not read it: {unreadable}")
     if len(body) > max_bytes:
         raise Rejection("MessageTooLarge", f"body of {len(body)} bytes is over {max_bytes}")
     if authenticate is not None:

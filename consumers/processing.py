@@ -94,6 +94,9 @@ class Delivery:
     body: bytes
     content_type: str | None
     headers: Mapping[str, Any] | None = None
+    #: Why the broker's client could not read the body, if it could not (the body is then
+    #: as it arrived, e.g. not decompressed).
+    unreadable: str | None = None
 
 
 @dataclass(slots=True)
@@ -256,7 +259,10 @@ class BatchProcessor:
         check = None if signing is None else partial(signing.verify, headers=delivery.headers)
         try:
             body, content_type = delivery.body, delivery.content_type
-            return decode(body, content_type, self.service, self.max_message_bytes, check)
+            return decode(
+                body, content_type, self.service, self.max_message_bytes, check,
+                unreadable=delivery.unreadable,
+            )  # fmt: skip
         except SignatureRejected as bad:
             return Rejection(bad.error_type, bad.message)
         except Rejection as rejection:

@@ -217,6 +217,9 @@ class Worker:
             channel,
             queues=[queue],
             on_message=self._buffer.append,
+            # kombu could not read the body (a compression header it does not know, or a
+            # body that does not decompress): handled all the same, to be dead-lettered.
+            on_decode_error=lambda message, _exc: self._buffer.append(message),
             accept=[CONTENT_TYPE],
             prefetch_count=1 if self._careful else self.options.prefetch,
         )
@@ -396,4 +399,13 @@ def _delivery(message: Message) -> Delivery:
     body = message.body
     if isinstance(body, str):
         body = body.encode("utf-8")
-    return Delivery(body=bytes(body), content_type=message.content_type, headers=message.headers)
+    unreadable = None
+    if message.errors:
+        error = message.errors[0][1]
+        unreadable = f"{type(error).__name__}: {error}"
+    return Delivery(
+        body=bytes(body or b""),
+        content_type=message.content_type,
+        headers=message.headers,
+        unreadable=unreadable,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.text import Text
 
 from saga.cli import (
     cancel,
@@ -22,6 +23,7 @@ from saga.cli import (
     versions,
 )
 from saga.cli.common import err_console
+from saga.cli.text import foreign
 from saga.errors import ConfigurationError, SagaError
 
 app = typer.Typer(
@@ -52,8 +54,14 @@ def main() -> None:
     try:
         app()
     except ConfigurationError as exc:
-        err_console.print(f"[red]configuration error:[/red] {exc}")
+        err_console.print(_failure("configuration error", exc), soft_wrap=True)
         sys.exit(2)
     except SagaError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(_failure("error", exc), soft_wrap=True)
         sys.exit(1)
+
+
+def _failure(label: str, exc: Exception) -> Text:
+    """``label: message``, the message as written (it may quote data, an extra's name in
+    brackets, or an operator's input)."""
+    return Text.assemble((f"{label}:", "red"), " ", foreign(exc, multiline=True))

@@ -26,6 +26,7 @@ from saga.cli.common import (
     stop_on_signals,
     topology,
 )
+from saga.cli.text import foreign
 
 
 def consume(
@@ -115,7 +116,10 @@ def consume(
         stop_event=stop_on_signals(),
     )
     err_console.print(
-        f"consuming {service!r} with {concurrency} worker(s): "
-        f"database {redact_url(database_url)!r}, {broker!r}"
+        foreign(
+            f"consuming {service!r} with {concurrency} worker(s): "
+            f"database {redact_url(database_url)!r}, {broker!r}"
+        ),
+        soft_wrap=True,
     )
     runner.run()

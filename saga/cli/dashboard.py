@@ -17,6 +17,7 @@ from saga.cli.common import (
     err_console,
     settings_from,
 )
+from saga.cli.text import foreign
 from saga.errors import ConfigurationError
 from saga.settings import ENV_DATABASE_URL
 
@@ -70,11 +71,13 @@ def dashboard(
     app = create_app(DashboardConfig(databases, guard, broker, topology))
     if host not in LOOPBACK:
         err_console.print(
-            f"[yellow]listening on {host}: other hosts can reach this dashboard[/yellow]"
+            foreign(f"listening on {host}: other hosts can reach this dashboard", style="yellow")
         )
     mode = "read-only" if guard.read_only else f"actions allowed with {ENV_TOKEN}"
     console.print(
-        f"saga dashboard on http://{host}:{port}/ over {', '.join(databases.services)} ({mode})"
+        foreign(f"saga dashboard on http://{host}:{port}/ over {', '.join(databases.services)}")
+        + f" ({mode})",
+        soft_wrap=True,
     )
     # uvicorn stops gracefully on SIGTERM or SIGINT, then raises the signal again for the
     # handler that was in place: this one lets the command end with status 0.

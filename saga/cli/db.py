@@ -17,6 +17,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
+from saga.cli.text import foreign
 from saga.db import schema as migrations
 from saga.operations import roles
 from saga.operations.retention import Pruner, RetentionPolicy
@@ -135,7 +136,9 @@ def roles_command(
                 for statement in rendered:
                     conn.execute(statement.encode())
             names = ", ".join(roles.role_names(prefix).values())
-            console.print(f"[green]roles {names} are ready[/green]; grant them to login roles")
+            console.print(
+                foreign(f"roles {names} are ready", style="green") + "; grant them to login roles"
+            )
             return
     for statement in rendered:
         print(statement + ";")

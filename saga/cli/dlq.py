@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from saga.cli.common import (
     DatabaseUrlOption,
@@ -22,6 +23,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
+from saga.cli.text import BLOCK_LIMIT, foreign, foreign_json
 from saga.engine.store import SagaStore
 from saga.errors import DeadLetterNotFound, NotReplayable
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
@@ -31,6 +33,9 @@ from saga.operations.replay import outgoing_for, purge, replay, superseded
 from saga.settings import Settings
 
 app = typer.Typer(help="Dead letters: list, show, replay, purge.", no_args_is_help=True)
+
+#: ``saga dlq list`` shows this much of each error (``saga dlq show`` shows it whole).
+ERROR_COLUMN_LIMIT = 80
 
 ConsumerOption = Annotated[str | None, typer.Option(help="Only this consumer (service).")]
 ErrorTypeOption = Annotated[
@@ -80,11 +85,11 @@ class LetterContext:
     def describe(self, letter: DeadLetterRow) -> dict[str, Any]:
         return {"superseded": self.superseded.get(letter.id), "saga_status": self.saga(letter)}
 
-    def note(self, letter: DeadLetterRow) -> str:
-        parts = ["[yellow]superseded[/yellow]"] if letter.id in self.superseded else []
+    def note(self, letter: DeadLetterRow) -> Text:
+        parts = [Text("superseded", style="yellow")] if letter.id in self.superseded else []
         if (saga := self.saga(letter)) is not None:
-            parts.append(f"saga {saga}")
-        return ", ".join(parts)
+            parts.append(Text("saga ") + foreign(saga))
+        return Text(", ").join(parts)
 
 
 def _summary(letter: DeadLetterRow) -> dict[str, Any]:
@@ -163,10 +168,10 @@ def list_letters(
     for letter in letters:
         table.add_row(
             str(letter.id),
-            letter.consumer,
-            letter.reason,
-            f"{letter.error_type}: {letter.error_message[:60]}",
-            letter.message_type or "",
+            foreign(letter.consumer),
+            foreign(letter.reason),
+            foreign(f"{letter.error_type}: {letter.error_message}", limit=ERROR_COLUMN_LIMIT),
+            foreign(letter.message_type),
             str(letter.attempts),
             letter.last_failed_at.strftime("%Y-%m-%d %H:%M:%S"),
             context.note(letter),
@@ -210,14 +215,16 @@ def show_letter(
                 "last_failed_at", "status", "replay_count", "superseded",
                 "saga_status"):  # fmt: skip
         if document[key] is not None or key not in ("superseded", "saga_status"):
-            console.print(f"[bold]{key}[/bold]: {document[key]}")
+            console.print(
+                Text.assemble((key, "bold"), ": ", foreign(document[key])), soft_wrap=True
+            )
     for key in ("headers", "payload", "body"):
         if key in document:
-            console.print(f"[bold]{key}[/bold]:")
-            console.print_json(json.dumps(document[key], default=str))
+            console.print(Text(key, style="bold") + ":")
+            console.print(foreign_json(document[key]), soft_wrap=True)
     if letter.traceback:
-        console.print("[bold]traceback[/bold]:")
-        console.print(letter.traceback, markup=False, highlight=False)
+        console.print(Text("traceback", style="bold") + ":")
+        console.print(foreign(letter.traceback, limit=BLOCK_LIMIT, multiline=True), soft_wrap=True)
     if not reveal:
         console.print("[dim]fields that look like secrets or personal data are masked; --reveal")
 
@@ -289,7 +296,9 @@ def replay_letters(
             )
     console.print(f"[green]replayed {len(result.replayed)} dead letter(s)[/green]")
     for letter_id, why in result.refused.items():
-        console.print(f"[yellow]not replayed {letter_id}: {why}")
+        console.print(
+            Text(f"not replayed {letter_id}: ", style="yellow") + foreign(why), soft_wrap=True
+        )
     if result.refused and not result.replayed:
         raise typer.Exit(1)
 
@@ -304,16 +313,16 @@ def _print_plan(letters: list[DeadLetterRow], context: LetterContext, force: boo
         table.add_column(column, overflow="fold")
     for letter in letters:
         try:
-            destination = outgoing_for(letter).destination
+            destination = foreign(outgoing_for(letter).destination)
             if letter.id in skipped:
-                destination = f"[yellow]skipped, {skipped[letter.id]}"
+                destination = foreign(f"skipped, {skipped[letter.id]}", style="yellow")
         except NotReplayable as exc:
-            destination = f"[yellow]refused: {exc}"
+            destination = foreign(f"refused: {exc}", style="yellow")
         table.add_row(
             str(letter.id),
-            letter.consumer,
-            letter.error_type,
-            f"{letter.message_type} {letter.message_id}",
+            foreign(letter.consumer),
+            foreign(letter.error_type),
+            foreign(f"{letter.message_type} {letter.message_id}"),
             destination,
             context.note(letter),
         )

@@ -26,6 +26,7 @@ from saga.cli.common import (
     stop_on_signals,
     topology,
 )
+from saga.cli.text import foreign
 
 
 def relay(
@@ -81,5 +82,5 @@ def relay(
         metrics=serve_metrics(metrics_port, settings),
     )
     stop = stop_on_signals()
-    err_console.print(f"relay started: {worker!r}")
+    err_console.print(foreign(f"relay started: {worker!r}"), soft_wrap=True)
     worker.run(stop)

@@ -21,6 +21,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
+from saga.cli.text import foreign
 from saga.operations.resume import SagaResumer, StuckFilter
 from saga.settings import Settings
 
@@ -68,7 +69,9 @@ def resume(
         )
     with connect(settings) as conn, conn.transaction():
         service = resumer.resume(conn, saga_id, stuck_after=stuck_td, reason=reason)
-    console.print(f"[green]resume of saga {saga_id} sent to {service!r}[/green]")
+    console.print(
+        foreign(f"resume of saga {saga_id} sent to {service!r}", style="green"), soft_wrap=True
+    )
 
 
 def _resume_stuck(
@@ -82,7 +85,7 @@ def _resume_stuck(
         for column in ("name", "status", "step", "sagas"):
             table.add_column(column, justify="right" if column == "sagas" else "left")
         for (saga_name, status, step), number in sorted(groups.items()):
-            table.add_row(saga_name, status, step, f"{number:,}")
+            table.add_row(foreign(saga_name), foreign(status), foreign(step), f"{number:,}")
         print_table(table)
         if dry_run or not stuck:
             console.print(f"{'dry run: ' if dry_run else ''}{len(stuck)} saga(s) to resume")
@@ -94,4 +97,4 @@ def _resume_stuck(
             )
     services = Counter(s.service for s in stuck)
     sent = ", ".join(f"{number} to {service!r}" for service, number in sorted(services.items()))
-    console.print(f"[green]resumed {resumed} saga(s): {sent}[/green]")
+    console.print(foreign(f"resumed {resumed} saga(s): {sent}", style="green"), soft_wrap=True)

@@ -8,6 +8,7 @@ from uuid import UUID
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from saga.cli.common import (
     DatabaseUrlOption,
@@ -20,6 +21,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
+from saga.cli.text import foreign
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.store import SagaFilter, SagaStore
 from saga.errors import UnknownSaga
@@ -103,11 +105,11 @@ def list_sagas(
         style = STATUS_STYLE.get(r.status, "")
         table.add_row(
             str(r.id),
-            f"{r.name} v{r.saga_version}",
-            f"[{style}]{r.status}",
-            r.step or "",
+            foreign(f"{r.name} v{r.saga_version}"),
+            foreign(r.status, style=style),
+            foreign(r.step),
             r.started_at.strftime("%Y-%m-%d %H:%M:%S"),
-            r.last_error or "",
+            foreign(r.last_error),
         )
     print_table(table)
 
@@ -157,15 +159,24 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
     """Print a saga's state and its timeline (``saga show``, and the demo)."""
     style = STATUS_STYLE.get(record.status.value, "")
     console.print(
-        f"[bold]{record.name}[/bold] v{record.saga_version}  {record.id}  "
-        f"[{style}]{record.status.value}[/]"
+        Text.assemble(
+            foreign(record.name, style="bold"),
+            f" v{record.saga_version}  {record.id}  ",
+            (record.status.value, style),
+        ),
+        soft_wrap=True,
     )
     if record.last_error:
-        console.print(f"last error: {record.last_error}")
+        console.print(Text("last error: ") + foreign(record.last_error), soft_wrap=True)
     if record.status is SagaStatus.STEP_DEAD_LETTERED:
         console.print(
-            f"held at {record.step}: its command is a dead letter in the participant's "
-            "database; `saga dlq replay` it to go on, or `saga dlq purge` it to compensate"
+            Text.assemble(
+                "held at ",
+                foreign(record.step),
+                ": its command is a dead letter in the participant's database; "
+                "`saga dlq replay` it to go on, or `saga dlq purge` it to compensate",
+            ),
+            soft_wrap=True,
         )
     table = Table(title="timeline")
     for column in ("#", "step", "phase", "try", "outcome", "ms", "error"):
@@ -176,12 +187,12 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
         )
         table.add_row(
             str(i),
-            s["step"],
+            foreign(s["step"]),
             "↩ compensation" if s["phase"] == "compensation" else "→ forward",
             str(s["attempt"]),
-            f"[{outcome_style}]{s['outcome']}",
+            foreign(s["outcome"], style=outcome_style),
             f"{s['duration_ms']:.1f}",
-            s["error"] or "",
+            foreign(s["error"]),
         )
     print_table(table)
 

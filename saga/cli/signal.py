@@ -16,6 +16,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.loading import load_registry
+from saga.cli.text import foreign
 from saga.errors import SignalRejected
 
 
@@ -41,4 +42,4 @@ def signal(
     target = load_registry(registry)
     with connect(settings) as conn, conn.transaction():
         target.signal(conn, saga_id, event, payload)
-    console.print(f"[green]{event} sent to saga {saga_id}[/green]")
+    console.print(foreign(f"{event} sent to saga {saga_id}", style="green"), soft_wrap=True)

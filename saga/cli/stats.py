@@ -26,6 +26,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
+from saga.cli.text import foreign
 from saga.engine.state import SagaStatus
 from saga.messaging.events import UnroutedEvents
 from saga.operations.stats import BrokerQueue, broker_queues, collect
@@ -93,16 +94,20 @@ def stats(
         duration = figures.durations.get(name)
         oldest = figures.oldest_running.get(name)
         table.add_row(
-            name,
+            foreign(name),
             *(f"{counts.get(s.value, 0):,}" for s in SagaStatus),
             f"{duration['p50_s']:.2f}s / {duration['p95_s']:.2f}s" if duration else "",
             f"{(now - oldest).total_seconds():.0f}s ago" if oldest else "",
         )
     print_table(table)
     style = "red" if figures.stuck_count else "green"
-    console.print(f"[{style}]{figures.stuck_count} stuck (no progress for {stuck_after})")
+    console.print(
+        foreign(f"{figures.stuck_count} stuck (no progress for {stuck_after})", style=style)
+    )
     for s in figures.stuck:
-        console.print(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}")
+        console.print(
+            foreign(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}"), soft_wrap=True
+        )
     if figures.unrouted_events:
         _print_unrouted(figures.unrouted_events)
     if queues is not None:
@@ -115,7 +120,7 @@ def _print_queues(queues: dict[str, BrokerQueue]) -> None:
         table.add_column(column, justify="left" if column == "queue" else "right")
     for name, q in queues.items():
         table.add_row(
-            name, f"{q.depth:,}", f"{q.ready:,}", f"{q.in_flight:,}", f"{q.delayed:,}",
+            foreign(name), f"{q.depth:,}", f"{q.ready:,}", f"{q.in_flight:,}", f"{q.delayed:,}",
             f"{q.oldest_age_s:.1f}s",
         )  # fmt: skip
     print_table(table)
@@ -127,7 +132,7 @@ def _print_unrouted(unrouted: list[UnroutedEvents]) -> None:
         table.add_column(column, justify="left" if column == "event" else "right")
     for u in unrouted:
         table.add_row(
-            u.message_type, f"{u.events:,}", f"{u.first_at:%Y-%m-%d %H:%M:%S}",
+            foreign(u.message_type), f"{u.events:,}", f"{u.first_at:%Y-%m-%d %H:%M:%S}",
             f"{u.last_at:%Y-%m-%d %H:%M:%S}",
         )  # fmt: skip
     print_table(table)

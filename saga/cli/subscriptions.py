@@ -27,6 +27,7 @@ from saga.cli.common import (
     print_table,
     settings_from,
 )
+from saga.cli.text import foreign
 from saga.messaging.events import EventRecords, Subscription
 from saga.observability.redaction import redact_url
 from saga.settings import ENV_DATABASE_URL, Settings
@@ -92,9 +93,9 @@ def subscriptions(
     for where, rows in found.items():
         for s in rows:
             table.add_row(
-                s.consumer, s.message_type, s.queue, s.broker,
-                f"{s.first_declared_at:%Y-%m-%d %H:%M:%S}",
-                f"{s.last_declared_at:%Y-%m-%d %H:%M:%S}", where,
+                foreign(s.consumer), foreign(s.message_type), foreign(s.queue),
+                foreign(s.broker), f"{s.first_declared_at:%Y-%m-%d %H:%M:%S}",
+                f"{s.last_declared_at:%Y-%m-%d %H:%M:%S}", foreign(where),
             )  # fmt: skip
     print_table(table)
     if not any(found.values()):
@@ -119,5 +120,8 @@ def _print_bindings(bindings: list[Binding]) -> None:
     for column in ("exchange", "event", "queue", "since"):
         table.add_column(column)
     for b in bindings:
-        table.add_row(b.exchange, b.routing_key, b.queue, f"{b.created_at:%Y-%m-%d %H:%M:%S}")
+        table.add_row(
+            foreign(b.exchange), foreign(b.routing_key), foreign(b.queue),
+            f"{b.created_at:%Y-%m-%d %H:%M:%S}",
+        )  # fmt: skip
     print_table(table)

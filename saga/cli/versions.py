@@ -20,6 +20,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.loading import load_registry
+from saga.cli.text import foreign
 from saga.engine.registry import MigrationReport
 from saga.engine.store import SagaStore
 
@@ -43,7 +44,7 @@ def versions(
     for key in keys:
         table.add_column(key.replace("_", " "), justify="left" if key == "name" else "right")
     for row in rows:
-        table.add_row(*(f"{v:,}" if isinstance(v, int) else str(v or "-") for v in row))
+        table.add_row(*(f"{v:,}" if isinstance(v, int) else foreign(v or "-") for v in row))
     print_table(table)
 
 

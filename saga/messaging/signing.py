@@ -88,7 +88,9 @@ class KeyRing:
                 "UnknownSigningKey",
                 f"signed with key {key_id!r}, which is not (or no longer) trusted",
             )
-        if not hmac.compare_digest(_digest(secret, body), str(signature)):
+        # As bytes: compare_digest raises TypeError on a str holding non-ASCII characters.
+        given = str(signature).encode("utf-8", "surrogatepass")
+        if not hmac.compare_digest(_digest(secret, body).encode(), given):
             raise SignatureRejected("BadSignature", f"signature by key {key_id!r} does not match")
 
 

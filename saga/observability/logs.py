@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from saga.observability.redaction import redact_text
+from saga.observability.visible_text import visible
 
 _fields: ContextVar[dict[str, str]] = ContextVar("saga_log_context", default={})  # noqa: B039
 
@@ -74,16 +75,35 @@ class RedactingFilter(logging.Filter):
 
 
 class TextFormatter(logging.Formatter):
+    """A record is one line that starts at column 0; its exception, if any, follows on
+    lines indented by two spaces. The message and context values are foreign text (a
+    message type, an error): control characters in them are escaped (``\\n``,
+    ``\\x1b``), so no value can forge a log line or act on the terminal that shows it."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        context = [f"{k}={getattr(record, k)}" for k in CONTEXT_KEYS if getattr(record, k, None)]
-        return f"{line} [{' '.join(context)}]" if context else line
+        record.message = visible(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        context = [
+            f"{k}={visible(getattr(record, k))}" for k in CONTEXT_KEYS if getattr(record, k, None)
+        ]
+        if context:
+            line = f"{line} [{' '.join(context)}]"
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        details = [text for text in (record.exc_text, record.stack_info) if text]
+        for text in details:
+            line += "".join(f"\n  {part}" for part in visible(text, multiline=True).split("\n"))
+        return line
 
 
 class JsonFormatter(logging.Formatter):
+    """A record is one JSON object on one line: foreign text travels as JSON strings
+    (escaped by ``json.dumps``, non-ASCII characters among them)."""
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),

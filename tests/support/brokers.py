@@ -13,6 +13,23 @@ from saga.broker.transport import BrokerConfig, Topology
 from tests.support.wait import wait_until
 
 
+@dataclass(frozen=True)
+class RawMessage:
+    """Bytes to publish straight to a queue, with the properties a publisher chooses."""
+
+    body: bytes
+    content_type: str = "application/json"
+    headers: dict[str, Any] = field(default_factory=dict)
+    #: The ``content_encoding`` property; by default utf-8 for JSON, binary for the rest.
+    content_encoding: str | None = None
+
+    @property
+    def encoding(self) -> str:
+        if self.content_encoding is not None:
+            return self.content_encoding
+        return "utf-8" if self.content_type == "application/json" else "binary"
+
+
 @dataclass
 class TestBroker:
     """A broker URL plus a topology whose queues belong to one test only."""
@@ -63,19 +80,25 @@ class TestBroker:
         headers: dict[str, Any] | None = None,
     ) -> None:
         """Publish several bodies on one connection, in order."""
+        self.publish_each(
+            destination, [RawMessage(body, content_type, headers or {}) for body in bodies]
+        )
+
+    def publish_each(self, destination: str, messages: list[RawMessage]) -> None:
+        """Publish messages, each with its own properties, on one connection, in order."""
         self.use(destination)
         with Connection(self.url) as conn:
             channel = conn.channel()
             self.topology.queue(destination)(channel).declare()
             producer = Producer(channel)
-            for body in bodies:
+            for message in messages:
                 producer.publish(
-                    body,
+                    message.body,
                     exchange="",
                     routing_key=self.topology.queue_name(destination),
-                    content_type=content_type,
-                    content_encoding="binary" if content_type != "application/json" else "utf-8",
-                    headers=headers or {},
+                    content_type=message.content_type,
+                    content_encoding=message.encoding,
+                    headers=message.headers,
                     delivery_mode=2,
                 )
 
