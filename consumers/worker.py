@@ -31,8 +31,8 @@ import psycopg
 from kombu import Connection, Consumer
 from kombu.message import Message
 
-from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
+from saga.broker.redis.durability import check_broker_durability
 from saga.broker.transport import (
     DEFAULT_DELIVERY_LIMIT,
     BrokerConfig,

@@ -5,7 +5,7 @@ RabbitMQ: one AMQP transaction per batch (``tx.select`` once per channel,
 taken every message of the batch. Each publish is ``mandatory``; a
 ``basic.return`` (no queue for the routing key) reaches ``on_return`` before
 the commit returns, so those rows are known to have failed. The batch's frames
-go to the socket in one write (:func:`saga.broker.amqp_transport.gathered_writes`).
+go to the socket in one write (:func:`saga.broker.amqp.transport.gathered_writes`).
 
 Other transports (Redis, memory, PostgreSQL) publish through kombu's
 ``Producer.batch()``: one Redis pipeline, or one PostgreSQL INSERT, per batch.
@@ -26,7 +26,7 @@ from typing import Any
 
 from kombu import Connection, Producer
 
-from saga.broker.amqp_transport import gathered_writes
+from saga.broker.amqp.transport import gathered_writes
 from saga.broker.transport import Topology, check_events_supported
 from saga.errors import EventsNotSupported
 from saga.messaging.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE

@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 from kombu import Connection
 
-from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
+from saga.broker.redis.durability import check_broker_durability
 from saga.broker.transport import BrokerConfig, Topology
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema

@@ -48,8 +48,8 @@ SUPPORTED_SCHEMES = (
     "postgres",
 )
 POSTGRES_SCHEMES = ("postgresql", "postgres")
-#: The framework's own PostgreSQL transport (:mod:`saga.broker.postgres_transport`).
-POSTGRES_TRANSPORT = "saga.broker.postgres_transport:Transport"
+#: The framework's own PostgreSQL transport (:mod:`saga.broker.postgres.transport`).
+POSTGRES_TRANSPORT = "saga.broker.postgres.transport:Transport"
 for _scheme in POSTGRES_SCHEMES:
     TRANSPORT_ALIASES[_scheme] = POSTGRES_TRANSPORT
 
@@ -172,7 +172,7 @@ class BrokerConfig:
     #: prepared statements, no session state; it cannot LISTEN, so ``listen`` must be off).
     pooled: bool = False
     #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
-    #: synced on every write); refused otherwise (see :mod:`saga.broker.durability`).
+    #: synced on every write); refused otherwise (see :mod:`saga.broker.redis.durability`).
     accept_redis_message_loss: bool = False
 
     def __post_init__(self) -> None:
@@ -250,14 +250,14 @@ class BrokerConfig:
             # (kombu: 300 s). Never longer than the visibility timeout itself.
             options["unacked_mutex_expire"] = self.visibility_timeout
             # kombu's Redis transport, made to keep a delivery through a Redis restart.
-            transport = "saga.broker.redis_transport:Transport"
+            transport = "saga.broker.redis.transport:Transport"
         if self.is_postgres:
             options["lease"] = self.lease
             options["listen"] = self.listen
             options["pooled"] = self.pooled
         if self.scheme in ("amqp", "pyamqp"):
             # py-amqp with read-ahead and gathered writes (amqps:// keeps py-amqp's own).
-            transport = "saga.broker.amqp_transport:Transport"
+            transport = "saga.broker.amqp.transport:Transport"
         connection = Connection(
             self.urls[node],
             heartbeat=self.heartbeat if self.is_amqp else 0,

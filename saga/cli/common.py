@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.postgres.transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.transport import (
     DEFAULT_DELIVERY_LIMIT,
     DEFAULT_HEARTBEAT,

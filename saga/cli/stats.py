@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.postgres.transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.transport import BrokerConfig
 from saga.cli.common import (
     BrokerUrlOption,

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from saga.broker.postgres_publishing import Binding, broker_bindings
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.postgres.publishing import Binding, broker_bindings
+from saga.broker.postgres.transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.transport import BrokerConfig
 from saga.cli.common import (
     BrokerUrlOption,

@@ -14,7 +14,7 @@ from uuid import UUID
 import psycopg
 from pydantic import ValidationError
 
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.postgres.transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.queue_depths import waiting_messages
 from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard.sources import Databases

@@ -21,7 +21,7 @@ from kombu import Consumer, Message
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
-from saga.broker.postgres_messages import claim_statement
+from saga.broker.postgres.messages import claim_statement
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics

@@ -16,7 +16,7 @@ import redis
 from kombu import Consumer, Message, Producer
 
 from saga import Outbox
-from saga.broker.redis_transport import REGISTRY
+from saga.broker.redis.transport import REGISTRY
 from saga.broker.transport import BrokerConfig, Topology
 from saga.consumers import Outcome
 from saga.examples.order_saga.redis_server import RedisServer
