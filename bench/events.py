@@ -90,7 +90,7 @@ def _side(
             process.terminate(60)
         for database in [publisher, *databases]:
             database.drop()
-        if BrokerConfig(broker_url).is_amqp:
+        if BrokerConfig(broker_url).capabilities.transactional_publish:  # RabbitMQ
             delete_queues(broker_url, topology.queue_prefix, names)
 
 

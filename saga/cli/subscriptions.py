@@ -63,7 +63,7 @@ def subscriptions(
         for url in urls
     }
     bindings: list[Binding] | None = None
-    if settings.broker_url and BrokerConfig(settings.broker_url).is_postgres:
+    if settings.broker_url and BrokerConfig(settings.broker_url).capabilities.routing_table:
         bindings = _read(
             settings,
             settings.broker_url,

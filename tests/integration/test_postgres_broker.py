@@ -297,7 +297,7 @@ def test_saga_stats_shows_the_depth_and_oldest_age_of_each_postgresql_broker_que
 def test_metrics_report_the_postgresql_broker_queues(pg_broker: TestBroker) -> None:
     queue = _three_states(pg_broker)
     registry = CollectorRegistry()
-    Metrics(registry).watch_broker(pg_broker.url, "saga_broker")
+    Metrics(registry).watch_broker(pg_broker.config.queue_depths)
     value = registry.get_sample_value
     assert value("saga_metrics_broker_up") == 1
     for state in ("ready", "in_flight", "delayed"):
