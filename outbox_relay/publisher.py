@@ -12,11 +12,12 @@ Other brokers (Redis, memory, PostgreSQL) publish through kombu's
 ``Producer.batch()``: one Redis pipeline, or one PostgreSQL INSERT, per batch.
 
 An event (a row with no destination) goes to the events exchange with its type as
-routing key, ``mandatory`` where the broker ``returns_unroutable``. A return then
-means that no queue subscribes to it: not a failure, the row is done and the event
-counted as unrouted. The PostgreSQL broker reports such events through the same
-``on_return`` callback. A broker without ``events`` (Redis) refuses an event for
-good (:func:`~saga.broker.transport.check_events_supported`).
+routing key, ``mandatory`` where the broker ``returns_unroutable``. Where the broker
+``returns_unrouted_events``, a return then means that no queue subscribes to it: not
+a failure, the row is done and the event counted as unrouted (the PostgreSQL broker
+reports such events through the same ``on_return`` callback). A broker without
+``events`` (Redis) refuses an event for good
+(:func:`~saga.broker.transport.check_events_supported`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class BatchPublisher:
         self.max_message_bytes = max_message_bytes
         self.signing = signing
         self._capabilities = kind_of(connection).capabilities
+        self._returns = (
+            self._capabilities.returns_unroutable or self._capabilities.returns_unrouted_events
+        )
         self._events_refused: str | None = None
         try:
             check_events_supported(connection, "cannot publish this event")
@@ -157,7 +161,7 @@ class BatchPublisher:
             self._producer = Producer(
                 self._channel,
                 auto_declare=False,
-                on_return=self._on_return if self._capabilities.returns_unroutable else None,
+                on_return=self._on_return if self._returns else None,
             )
         return self._producer
 

@@ -19,9 +19,13 @@ class Capabilities:
     #: commit answered only once the broker holds every message (AMQP ``tx``); without
     #: it a batch goes in one call (a Redis pipeline, one PostgreSQL INSERT).
     transactional_publish: bool
-    #: A message no queue takes is handed back to the publisher (``on_return``), so
-    #: the relay keeps its row; without it such a message cannot be detected.
+    #: A command for a queue that does not exist is handed back to the publisher
+    #: (``on_return``), so the relay keeps its row; without it the broker keeps the
+    #: message under the queue's name until the queue is declared.
     returns_unroutable: bool
+    #: An event no queue subscribes to is handed back to the publisher, which counts it
+    #: as unrouted (``saga stats``); without it such an event goes unnoticed.
+    returns_unrouted_events: bool
     #: Events can be published to subscribers: bindings are shared by every process
     #: and outlive a restart (see docs/events.md).
     events: bool

@@ -1,7 +1,8 @@
 """How many messages wait in a broker's queues (``saga stats``, the dashboard and the
 Prometheus gauges). Every broker tells the messages ready in a queue, as a passive
 declare (which creates nothing) answers; a broker whose capabilities have
-``queue_details`` also tells them by state, and the oldest one's age."""
+``queue_details`` also tells them by state, and the oldest one's age. A queue with no
+message may be left out: Redis and the PostgreSQL broker keep no empty queues."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ class AmqpBroker(BrokerKind):
         heartbeats=True,
         transactional_publish=True,
         returns_unroutable=True,
+        returns_unrouted_events=True,
         events=True,
         queue_details=False,
         delayed_delivery=False,

@@ -30,6 +30,7 @@ class RedisBroker(BrokerKind):
         heartbeats=False,
         transactional_publish=False,
         returns_unroutable=False,
+        returns_unrouted_events=False,
         events=False,
         queue_details=False,
         delayed_delivery=False,
