@@ -81,6 +81,8 @@ def _consuming(broker: TestBroker, *destinations: str) -> Iterator[Callable[[int
 
             def wait_for(count: int) -> list[Message]:
                 def enough() -> bool:
+                    if broker.config.capabilities.heartbeats:
+                        conn.heartbeat_check()
                     with contextlib.suppress(TimeoutError):
                         conn.drain_events(timeout=0.1)
                     return len(taken) >= count
