@@ -1,6 +1,7 @@
 """A kind of broker behind the seam: the URL schemes that pick it, its kombu transport,
 its :class:`~saga.broker.capabilities.Capabilities`, and the few things that differ from
-one broker to the next (connection options, a start-up check, reading queue depths).
+one broker to the next (connection options, a start-up check, reading queue depths and
+bindings).
 
 Each broker is one subpackage or module of ``saga.broker`` holding one instance of a
 subclass; :mod:`saga.broker.kinds` lists them. Nothing outside ``saga.broker`` asks which
@@ -14,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from kombu import Connection
 
+from saga.broker.bindings import Binding
 from saga.broker.capabilities import Capabilities
 from saga.broker.queue_depths import QueueDepth, declared_depths
 from saga.db.connections import DatabaseAccess
+from saga.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from saga.broker.transport import BrokerConfig, Topology
@@ -59,6 +62,11 @@ class BrokerKind:
     def check_connected(self, config: BrokerConfig, connection: Connection) -> None:
         """Refuse a broker that could lose what it is given, on every connect (raise
         :class:`~saga.errors.UnsafeDurability`); nothing to check by default."""
+
+    def bindings(self, config: BrokerConfig, access: DatabaseAccess) -> list[Binding]:
+        """Every binding the broker routes events by, on a broker whose capabilities have
+        ``routing_table``."""
+        raise ConfigurationError(f"{self.name} keeps no table of its bindings to list")
 
     def queue_depths(
         self,

@@ -31,6 +31,7 @@ from typing import Any
 
 from kombu import Connection, Exchange, Queue
 
+from saga.broker.bindings import Binding
 from saga.broker.capabilities import Capabilities
 from saga.broker.kind import BrokerKind
 from saga.broker.kinds import SUPPORTED_SCHEMES, kind_of, kind_of_scheme
@@ -198,6 +199,10 @@ class BrokerConfig:
         """Queue name -> its messages: at least ``destinations``' queues (a broker whose
         capabilities have ``queue_details`` tells every queue it has)."""
         return self.kind.queue_depths(self, topology or Topology(), destinations, access)
+
+    def bindings(self, access: DatabaseAccess = DIRECT) -> list[Binding]:
+        """Every binding the broker routes events by (capabilities: ``routing_table``)."""
+        return self.kind.bindings(self, access)
 
     def check_connected(self, connection: Connection) -> None:
         """Refuse a broker that could lose what it is given (checked on every connect)."""

@@ -5,14 +5,17 @@ queues' figures by state (:mod:`saga.broker.postgres.queue_depths`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from kombu.transport import TRANSPORT_ALIASES
 
+from saga.broker.bindings import Binding
 from saga.broker.capabilities import Capabilities
 from saga.broker.kind import BrokerKind
+from saga.broker.postgres.publishing import broker_bindings
 from saga.broker.postgres.queue_depths import table_queue_depths
 from saga.broker.postgres.transport import DEFAULT_SCHEMA
 from saga.broker.queue_depths import QueueDepth
@@ -60,14 +63,24 @@ class PostgresBroker(BrokerKind):
         access: DatabaseAccess,
     ) -> dict[str, QueueDepth]:
         """Every queue in the broker's table, whoever's destination it is."""
-        try:
-            with access.connect(config.url, autocommit=True, connect_timeout=5) as conn:
-                return table_queue_depths(conn, DEFAULT_SCHEMA)
-        except psycopg.OperationalError as exc:
-            text = redact_text(str(exc), password_of(config.url))
-            raise DatabaseUnavailable(
-                f"cannot connect to the broker's PostgreSQL: {text}"
-            ) from None
+        with _connected(config, access) as conn:
+            return table_queue_depths(conn, DEFAULT_SCHEMA)
+
+    def bindings(self, config: BrokerConfig, access: DatabaseAccess) -> list[Binding]:
+        with _connected(config, access) as conn:
+            return broker_bindings(conn, DEFAULT_SCHEMA)
+
+
+@contextmanager
+def _connected(config: BrokerConfig, access: DatabaseAccess) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the broker's database, or :class:`DatabaseUnavailable` saying why."""
+    try:
+        conn = access.connect(config.url, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        text = redact_text(str(exc), password_of(config.url))
+        raise DatabaseUnavailable(f"cannot connect to the broker's PostgreSQL: {text}") from None
+    with conn:
+        yield conn
 
 
 POSTGRES = PostgresBroker()
