@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from psycopg import sql
 
 from saga.broker.postgres.messages import claim_statement
+from saga.broker.transport import BrokerConfig
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics
@@ -304,3 +305,11 @@ def test_metrics_report_the_postgresql_broker_queues(pg_broker: TestBroker) -> N
         assert value("saga_broker_queue_messages", {"queue": queue, "state": state}) == 1
     age = value("saga_broker_queue_oldest_age_seconds", {"queue": queue})
     assert age is not None and 90 <= age < 600
+
+
+def test_metrics_say_when_the_broker_cannot_be_read() -> None:
+    unreachable = BrokerConfig("postgresql://postgres:secret@127.0.0.1:1/broker")
+    registry = CollectorRegistry()
+    Metrics(registry).watch_broker(unreachable.queue_depths)
+    assert registry.get_sample_value("saga_metrics_broker_up") == 0
+    assert registry.get_sample_value("saga_broker_queue_messages") is None
