@@ -1,5 +1,10 @@
 """Broker connections and topology, shared by the relay and the consumers.
 
+:class:`BrokerConfig` is the broker seam's front: its URL's scheme picks a
+:class:`~saga.broker.kind.BrokerKind` (one per subpackage or module of ``saga.broker``),
+whose :class:`~saga.broker.capabilities.Capabilities` the relay, the consumers, the CLI
+and the dashboard ask (docs/brokers.md).
+
 Every destination (a service name) has one durable queue. Messages go to the
 broker's default exchange with the queue name as routing key: on RabbitMQ a
 ``mandatory`` publish then detects a missing queue, and kombu's virtual
