@@ -27,7 +27,7 @@ import psycopg
 from bench.environment import AMQP_URL, ScratchDatabase, machine
 from bench.report import RESULTS
 from saga import Outbox
-from saga.broker.transport import BrokerConfig, Topology
+from saga.broker.transport import Topology
 from saga.examples.fanout.services import SCHEMA, SUBSCRIBERS, Tick
 from saga.examples.order_saga.cluster import delete_queues
 from saga.examples.order_saga.processes import SagaProcess, saga_env
@@ -90,8 +90,7 @@ def _side(
             process.terminate(60)
         for database in [publisher, *databases]:
             database.drop()
-        if BrokerConfig(broker_url).is_amqp:
-            delete_queues(broker_url, topology.queue_prefix, names)
+        delete_queues(broker_url, topology.queue_prefix, names)
 
 
 def measure(count: int, broker: str = "rabbitmq") -> dict[str, float]:

@@ -63,16 +63,27 @@ def decode(
         raise Rejection("UndecodableBody", _summary(exc)) from None
     spec = service.handler_for(envelope.type)
     if spec is None:
-        raise Rejection(
+        raise _refused(
+            envelope,
             "UnknownMessageType",
             f"service {service.name!r} has no handler for message type {envelope.type!r}",
-            envelope,
         )
     try:
         message = spec.message_class.model_validate(envelope.payload)
     except ValidationError as exc:
-        raise Rejection("InvalidPayload", f"{envelope.type}: {_summary(exc)}", envelope) from None
+        raise _refused(envelope, "InvalidPayload", f"{envelope.type}: {_summary(exc)}") from None
     return Decoded(envelope, spec, message)
+
+
+def _refused(envelope: Envelope, error_type: str, message: str) -> Rejection:
+    """A rejection of a message whose envelope could be read, naming it."""
+    return Rejection(
+        error_type,
+        message,
+        message_id=envelope.message_id,
+        message_type=envelope.type,
+        saga_id=envelope.saga_id,
+    )
 
 
 def _summary(exc: ValidationError) -> str:

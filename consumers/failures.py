@@ -213,7 +213,6 @@ class FailurePaths:
         rejection: Rejection,
     ) -> None:
         """Record a message refused before any handler ran (it is acknowledged after)."""
-        envelope = rejection.envelope
         logger.warning(
             "%s rejected a message before any handler ran: %s: %s",
             self.consumer,
@@ -229,8 +228,8 @@ class FailurePaths:
                 body=body,
                 content_type=content_type,
                 message_id=rejection.message_id,
-                message_type=envelope.type if envelope else None,
-                saga_id=envelope.saga_id if envelope else None,
+                message_type=rejection.message_type,
+                saga_id=rejection.saga_id,
                 destination=self.consumer,
                 error_type=rejection.error_type,
                 error_message=rejection.message,

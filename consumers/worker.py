@@ -31,7 +31,6 @@ import psycopg
 from kombu import Connection, Consumer
 from kombu.message import Message
 
-from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.broker.transport import (
     DEFAULT_DELIVERY_LIMIT,
@@ -206,7 +205,7 @@ class Worker:
                 hook(self._db)
         conn = self.broker.connected()
         self._broker_conn = conn
-        check_broker_durability(self.broker, conn)
+        self.broker.check_connected(conn)
         channel = conn.channel()
         queue = self.topology.queue(self.service.name)
         queue(channel).declare()
@@ -265,7 +264,7 @@ class Worker:
         assert conn is not None
         last_heartbeat = time.monotonic()
         while not stop.is_set():
-            if self.broker.is_amqp and time.monotonic() - last_heartbeat >= 1.0:
+            if self.broker.capabilities.heartbeats and time.monotonic() - last_heartbeat >= 1.0:
                 conn.heartbeat_check()
                 last_heartbeat = time.monotonic()
             if self.stuck_sweep is not None and self.stuck_sweep.due():
@@ -331,13 +330,14 @@ class Worker:
             self._publish_own(db, written, committed_at)
 
     def _ack(self, messages: list[Message]) -> None:
-        """Acknowledge a committed batch: on AMQP one frame for all of it.
+        """Acknowledge a committed batch: one frame for all of it where the broker takes a
+        multiple ack (RabbitMQ).
 
         Every earlier delivery of this channel is settled already (the batch takes the
         oldest waiting ones, and failed ones are settled one by one), so ``multiple``
-        acknowledges exactly this batch. Other transports ack one by one.
+        acknowledges exactly this batch. Other brokers ack one by one.
         """
-        if self.broker.is_amqp:
+        if self.broker.capabilities.multiple_ack:
             messages[-1].ack(multiple=True)
             return
         for message in messages:

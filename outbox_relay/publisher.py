@@ -1,20 +1,23 @@
-"""Durable batch publishing through kombu.
+"""Durable batch publishing through kombu, as the broker's capabilities allow.
 
-RabbitMQ: one AMQP transaction per batch (``tx.select`` once per channel,
-``tx.commit`` per batch); ``tx.commit-ok`` arrives only when the broker has
-taken every message of the batch. Each publish is ``mandatory``; a
-``basic.return`` (no queue for the routing key) reaches ``on_return`` before
-the commit returns, so those rows are known to have failed. The batch's frames
-go to the socket in one write (:func:`saga.broker.amqp_transport.gathered_writes`).
+A broker with ``transactional_publish`` (RabbitMQ): one AMQP transaction per
+batch (``tx.select`` once per channel, ``tx.commit`` per batch); ``tx.commit-ok``
+arrives only when the broker has taken every message of the batch. Each publish
+is ``mandatory``; a ``basic.return`` (no queue for the routing key) reaches
+``on_return`` before the commit returns, so those rows are known to have failed.
+The batch's frames go to the socket in one write
+(:func:`saga.broker.amqp.transport.gathered_writes`).
 
-Other transports (Redis, memory, PostgreSQL) publish through kombu's
+Other brokers (Redis, memory, PostgreSQL) publish through kombu's
 ``Producer.batch()``: one Redis pipeline, or one PostgreSQL INSERT, per batch.
 
 An event (a row with no destination) goes to the events exchange with its type as
-routing key, ``mandatory`` too. A return then means that no queue subscribes to it:
-not a failure, the row is done and the event counted as unrouted. The PostgreSQL
-transport reports such events through the same ``on_return`` callback. On Redis an
-event is refused for good (:func:`~saga.broker.transport.check_events_supported`).
+routing key, ``mandatory`` where the broker ``returns_unroutable``. Where the broker
+``returns_unrouted_events``, a return then means that no queue subscribes to it: not
+a failure, the row is done and the event counted as unrouted (the PostgreSQL broker
+reports such events through the same ``on_return`` callback). A broker without
+``events`` (Redis) refuses an event for good
+(:func:`~saga.broker.transport.check_events_supported`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any
 
 from kombu import Connection, Producer
 
-from saga.broker.amqp_transport import gathered_writes
+from saga.broker.amqp.transport import gathered_writes
+from saga.broker.kinds import kind_of
 from saga.broker.transport import Topology, check_events_supported
 from saga.errors import EventsNotSupported
 from saga.messaging.envelope import COMMITTED_AT_HEADER, CONTENT_ENCODING, CONTENT_TYPE
@@ -34,11 +38,6 @@ from saga.messaging.signing import KeyRing
 from saga.outbox_relay.claims import OutboxRow
 
 logger = logging.getLogger(__name__)
-
-
-#: kombu drivers that hand back what nothing routes (an AMQP ``basic.return``, or the
-#: PostgreSQL transport's own).
-RETURNING_DRIVERS = ("amqp", "postgresql")
 
 
 @dataclass(slots=True)
@@ -77,8 +76,10 @@ class BatchPublisher:
         self.declare_queues = declare_queues
         self.max_message_bytes = max_message_bytes
         self.signing = signing
-        self._is_amqp = connection.transport.driver_type == "amqp"
-        self._returns = connection.transport.driver_type in RETURNING_DRIVERS
+        self._capabilities = kind_of(connection).capabilities
+        self._returns = (
+            self._capabilities.returns_unroutable or self._capabilities.returns_unrouted_events
+        )
         self._events_refused: str | None = None
         try:
             check_events_supported(connection, "cannot publish this event")
@@ -126,7 +127,7 @@ class BatchPublisher:
             return outcome
         producer = self._ensure_producer()
         self._returned.clear()
-        if self._is_amqp:
+        if self._capabilities.transactional_publish:
             with gathered_writes(self.connection):
                 for row in sendable:
                     self._publish_one(producer, row, committed_at)
@@ -155,7 +156,7 @@ class BatchPublisher:
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
             self._channel = self.connection.channel()
-            if self._is_amqp:
+            if self._capabilities.transactional_publish:
                 self._channel.tx_select()
             self._producer = Producer(
                 self._channel,
@@ -188,7 +189,7 @@ class BatchPublisher:
             content_type=CONTENT_TYPE,
             content_encoding=CONTENT_ENCODING,
             delivery_mode=2,
-            mandatory=self._is_amqp,
+            mandatory=self._capabilities.returns_unroutable,
             message_id=str(row.message_id),
             headers={
                 "message_type": row.message_type,

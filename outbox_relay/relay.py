@@ -21,7 +21,6 @@ from typing import Any
 import psycopg
 from kombu import Connection
 
-from saga.broker.durability import check_broker_durability
 from saga.broker.reconnect import close_quietly, connect_with_retry, transient_errors
 from saga.broker.transport import BrokerConfig, Topology
 from saga.db.connections import DIRECT, DatabaseAccess
@@ -142,7 +141,7 @@ class Relay:
             raise ConnectionError(redact_text(str(exc), self._secret)) from None
         conn = self.broker.connected()
         self._broker_conn = conn
-        check_broker_durability(self.broker, conn)
+        self.broker.check_connected(conn)
         self._publisher = BatchPublisher(
             conn,
             self.topology,
@@ -287,7 +286,7 @@ class Relay:
         pile up unread and the client believes the broker went silent.
         """
         conn = self._broker_conn
-        if conn is None or not self.broker.is_amqp:
+        if conn is None or not self.broker.capabilities.heartbeats:
             return
         with contextlib.suppress(TimeoutError):
             conn.drain_events(timeout=0)

@@ -5,6 +5,8 @@ comes from here, in one import line. None of it loads a broker client: the
 runtime that talks to brokers lives in :mod:`saga.consumers` and :mod:`saga.outbox_relay`.
 """
 
+from importlib.metadata import version as _version
+
 from saga.db.sql import Tx
 from saga.engine.definition import Saga, StepRetry
 from saga.engine.registry import SagaRegistry
@@ -25,6 +27,9 @@ from saga.messaging.envelope import Envelope, message_type_of
 from saga.messaging.ids import uuid7
 from saga.messaging.outbox import Outbox, OutgoingMessage
 
+#: The installed distribution's version (``saga-outbox`` in pyproject.toml).
+__version__ = _version("saga-outbox")
+
 __all__ = [
     "ConfigurationError",
     "Envelope",
@@ -44,6 +49,7 @@ __all__ = [
     "StepRetry",
     "Tx",
     "UnknownMessageType",
+    "__version__",
     "message_type_of",
     "uuid7",
 ]

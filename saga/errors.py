@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from uuid import UUID
 
-    from saga.messaging.envelope import Envelope
-
 
 class SagaError(Exception):
     """Root of every error this framework raises on purpose."""
@@ -195,17 +193,24 @@ class ActionRefused(SagaError):
 
 
 class Rejection(SagaError):
-    """A delivery that cannot be handled, with the reason it was turned away."""
+    """A delivery that cannot be handled, with the reason it was turned away, and what
+    its envelope said of it when it had one that could be read (for the dead letter)."""
 
-    def __init__(self, error_type: str, message: str, envelope: Envelope | None = None) -> None:
+    def __init__(
+        self,
+        error_type: str,
+        message: str,
+        *,
+        message_id: UUID | None = None,
+        message_type: str | None = None,
+        saga_id: UUID | None = None,
+    ) -> None:
         super().__init__(message)
         self.error_type = error_type
         self.message = message
-        self.envelope = envelope
-
-    @property
-    def message_id(self) -> UUID | None:
-        return self.envelope.message_id if self.envelope else None
+        self.message_id = message_id
+        self.message_type = message_type
+        self.saga_id = saga_id
 
 
 class PayloadMismatch(SagaError, AssertionError):

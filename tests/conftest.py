@@ -173,6 +173,21 @@ def _test_broker(kind: str) -> TestBroker:
     return TestBroker(url, kind, accepts_message_loss=kind == "redis")
 
 
+@pytest.fixture
+def make_broker() -> Iterator[Callable[[str], TestBroker]]:
+    """Makes a broker of a kind (``amqp``, ``redis``, ``postgres``) on its test server, with
+    queues of its own, cleaned up afterwards (the contract suite's subclasses use it)."""
+    made: list[TestBroker] = []
+
+    def make(kind: str) -> TestBroker:
+        made.append(_test_broker(kind))
+        return made[-1]
+
+    yield make
+    for broker in made:
+        broker.cleanup()
+
+
 @pytest.fixture(params=["memory", "amqp", "redis", "postgres"])
 def any_broker(request: pytest.FixtureRequest) -> Iterator[TestBroker]:
     """Each test using it runs once per transport (the contract suite)."""

@@ -83,7 +83,7 @@ class Cluster:
     @property
     def carries_events(self) -> bool:
         """False on Redis: it carries commands only (docs/events.md says why)."""
-        return not BrokerConfig(self.broker_url).is_redis
+        return BrokerConfig(self.broker_url).capabilities.events
 
     @property
     def services(self) -> tuple[str, ...]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from saga.broker.queue_depths import waiting_messages
 from saga.broker.transport import Topology
 from saga.examples.order_saga.cluster import SAGA_SERVICES, Cluster
 
@@ -63,6 +62,7 @@ def describe_stuck(system: Cluster, limit: int = 5) -> list[str]:
         )
     if stuck:
         topology = Topology(queue_prefix=system.queue_prefix)
-        waiting = waiting_messages(system.broker, topology, system.services)
+        depths = system.broker.queue_depths(topology, system.services)
+        waiting = {queue: depth.ready for queue, depth in depths.items()}
         lines.append(f"messages ready in the queues: {waiting}")
     return lines

@@ -1,5 +1,10 @@
 """Broker connections and topology, shared by the relay and the consumers.
 
+:class:`BrokerConfig` is the broker seam's front: its URL's scheme picks a
+:class:`~saga.broker.kind.BrokerKind` (one per subpackage or module of ``saga.broker``),
+whose :class:`~saga.broker.capabilities.Capabilities` the relay, the consumers, the CLI
+and the dashboard ask (docs/brokers.md).
+
 Every destination (a service name) has one durable queue. Messages go to the
 broker's default exchange with the queue name as routing key: on RabbitMQ a
 ``mandatory`` publish then detects a missing queue, and kombu's virtual
@@ -25,34 +30,22 @@ is dropped silently, so an event could be lost with no trace.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kombu import Connection, Exchange, Queue
-from kombu.transport import TRANSPORT_ALIASES
 
+from saga.broker.bindings import Binding
+from saga.broker.capabilities import Capabilities
+from saga.broker.kind import BrokerKind
+from saga.broker.kinds import SUPPORTED_SCHEMES, kind_of, kind_of_scheme
+from saga.broker.queue_depths import QueueDepth
 from saga.broker.reconnect import transient_errors
+from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_name
 from saga.errors import ConfigurationError, EventsNotSupported
 from saga.observability.redaction import redact_url
-
-SUPPORTED_SCHEMES = (
-    "amqp",
-    "amqps",
-    "pyamqp",
-    "redis",
-    "rediss",
-    "memory",
-    "postgresql",
-    "postgres",
-)
-POSTGRES_SCHEMES = ("postgresql", "postgres")
-#: The framework's own PostgreSQL transport (:mod:`saga.broker.postgres_transport`).
-POSTGRES_TRANSPORT = "saga.broker.postgres_transport:Transport"
-for _scheme in POSTGRES_SCHEMES:
-    TRANSPORT_ALIASES[_scheme] = POSTGRES_TRANSPORT
-
 
 #: RabbitMQ's queue types a destination's queue may have (``x-queue-type``).
 QUEUE_TYPES = ("classic", "quorum")
@@ -111,20 +104,15 @@ class Topology:
         return Exchange(self.events_exchange_name, type="direct", durable=True, auto_delete=False)
 
 
-#: kombu driver types whose bindings are shared by every process and outlive a restart
-#: (``memory``: one process's, for tests).
-EVENT_DRIVERS = ("amqp", "postgresql", "memory")
-
-
 def check_events_supported(connection: Connection, what: str) -> None:
     """Raise :class:`EventsNotSupported` when ``connection``'s broker cannot carry events."""
-    driver = connection.transport.driver_type
-    if driver not in EVENT_DRIVERS:
+    kind = kind_of(connection)
+    if not kind.capabilities.events:
         raise EventsNotSupported(
-            f"{what}: events need RabbitMQ or the PostgreSQL broker; on {driver}, kombu keeps "
-            "the bindings in keys that a restart can wipe and drops a publish that finds no "
-            "binding without a word, so an event could be lost with no trace. Use Redis for "
-            "commands only (see docs/events.md)."
+            f"{what}: events need RabbitMQ or the PostgreSQL broker; on {kind.name}, kombu "
+            "keeps the bindings in keys that a restart can wipe and drops a publish that finds "
+            "no binding without a word, so an event could be lost with no trace. Use "
+            f"{kind.name} for commands only (see docs/events.md)."
         )
 
 
@@ -172,7 +160,7 @@ class BrokerConfig:
     #: prepared statements, no session state; it cannot LISTEN, so ``listen`` must be off).
     pooled: bool = False
     #: Run on a Redis that loses messages when it restarts (no append-only file, or one not
-    #: synced on every write); refused otherwise (see :mod:`saga.broker.durability`).
+    #: synced on every write); refused otherwise (see :mod:`saga.broker.redis.durability`).
     accept_redis_message_loss: bool = False
 
     def __post_init__(self) -> None:
@@ -198,20 +186,32 @@ class BrokerConfig:
         return tuple(url.strip() for url in self.url.split(";"))
 
     @property
-    def scheme(self) -> str:
-        return _scheme_of(self.urls[0])
+    def kind(self) -> BrokerKind:
+        """The broker the URL's scheme selects."""
+        return kind_of_scheme(_scheme_of(self.urls[0]))
 
     @property
-    def is_amqp(self) -> bool:
-        return self.scheme in ("amqp", "amqps", "pyamqp")
+    def capabilities(self) -> Capabilities:
+        """What the broker can do: what the relay, the consumers and the tools ask."""
+        return self.kind.capabilities
 
-    @property
-    def is_redis(self) -> bool:
-        return self.scheme in ("redis", "rediss")
+    def queue_depths(
+        self,
+        topology: Topology | None = None,
+        destinations: Iterable[str] = (),
+        access: DatabaseAccess = DIRECT,
+    ) -> dict[str, QueueDepth]:
+        """Queue name -> its messages: at least ``destinations``' queues (a broker whose
+        capabilities have ``queue_details`` tells every queue it has)."""
+        return self.kind.queue_depths(self, topology or Topology(), destinations, access)
 
-    @property
-    def is_postgres(self) -> bool:
-        return self.scheme in POSTGRES_SCHEMES
+    def bindings(self, access: DatabaseAccess = DIRECT) -> list[Binding]:
+        """Every binding the broker routes events by (capabilities: ``routing_table``)."""
+        return self.kind.bindings(self, access)
+
+    def check_connected(self, connection: Connection) -> None:
+        """Refuse a broker that could lose what it is given (checked on every connect)."""
+        self.kind.check_connected(self, connection)
 
     def connected(self) -> Connection:
         """A connection to the first node that answers, trying every node once (from a
@@ -241,33 +241,7 @@ class BrokerConfig:
         One node per connection, not kombu's failover list: a connection that fails over
         builds its next transport from the URL's scheme and drops the one chosen here.
         """
-        options: dict[str, Any] = {}
-        transport: str | None = None
-        if self.is_redis:
-            options["visibility_timeout"] = self.visibility_timeout
-            # The lock around a sweep that brings back a dead consumer's messages: a
-            # process killed, or a persistent Redis crashed, while one holds it keeps it
-            # (kombu: 300 s). Never longer than the visibility timeout itself.
-            options["unacked_mutex_expire"] = self.visibility_timeout
-            # kombu's Redis transport, made to keep a delivery through a Redis restart.
-            transport = "saga.broker.redis_transport:Transport"
-        if self.is_postgres:
-            options["lease"] = self.lease
-            options["listen"] = self.listen
-            options["pooled"] = self.pooled
-        if self.scheme in ("amqp", "pyamqp"):
-            # py-amqp with read-ahead and gathered writes (amqps:// keeps py-amqp's own).
-            transport = "saga.broker.amqp_transport:Transport"
-        connection = Connection(
-            self.urls[node],
-            heartbeat=self.heartbeat if self.is_amqp else 0,
-            connect_timeout=self.connect_timeout,
-            transport=transport,
-            transport_options=options,
-        )
-        if not self.is_amqp and not self.is_postgres:
-            connection.transport.polling_interval = self.polling_interval
-        return connection
+        return self.kind.connection(self, self.urls[node])
 
 
 def _scheme_of(url: str) -> str:

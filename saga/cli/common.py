@@ -12,7 +12,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
 from saga.broker.transport import (
     DEFAULT_DELIVERY_LIMIT,
     DEFAULT_HEARTBEAT,
@@ -225,8 +224,9 @@ def serve_metrics(port: int | None, settings: Settings) -> Metrics | None:
     metrics = Metrics()
     access = settings.database_access()
     metrics.watch_database(settings.require_database_url(), settings.db_schema, access)
-    if settings.broker_url and BrokerConfig(settings.broker_url).is_postgres:
-        metrics.watch_broker(settings.broker_url, BROKER_SCHEMA, access)
+    broker = broker_config(settings) if settings.broker_url else None
+    if broker is not None and broker.capabilities.queue_details:
+        metrics.watch_broker(lambda: broker.queue_depths(access=access))
     metrics.serve(port)
     return metrics
 

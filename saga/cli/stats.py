@@ -1,6 +1,6 @@
 """``saga stats``: counts, durations, oldest running and stuck sagas, events published that
-no service subscribes to; with a PostgreSQL broker, the depth of its queues and the age of
-their oldest message."""
+no service subscribes to; with a broker that tells its queues by state (``queue_details``:
+the PostgreSQL broker), the depth of its queues and the age of their oldest message."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
-from saga.broker.transport import BrokerConfig
+from saga.broker.queue_depths import QueueDepth
 from saga.cli.common import (
     BrokerUrlOption,
     DatabaseUrlOption,
     JsonOption,
     SchemaOption,
     StuckAfterOption,
+    broker_config,
     connect,
     console,
     print_table,
@@ -29,17 +29,17 @@ from saga.cli.durations import parse_duration
 from saga.cli.text import foreign
 from saga.engine.state import SagaStatus
 from saga.messaging.events import UnroutedEvents
-from saga.operations.stats import BrokerQueue, broker_queues, collect
+from saga.operations.stats import collect
 from saga.settings import Settings
 
 
-def _broker_queues(settings: Settings) -> dict[str, BrokerQueue] | None:
-    """The PostgreSQL broker's queues; None when the broker is not PostgreSQL (or not set)."""
-    url = settings.broker_url
-    if not url or not BrokerConfig(url).is_postgres:
+def _broker_queues(settings: Settings) -> dict[str, QueueDepth] | None:
+    """Every queue of a broker whose capabilities have ``queue_details``; None for any
+    other broker (or none set)."""
+    broker = broker_config(settings) if settings.broker_url else None
+    if broker is None or not broker.capabilities.queue_details:
         return None
-    with connect(settings, url, what="the broker's PostgreSQL", autocommit=True) as conn:
-        return broker_queues(conn, BROKER_SCHEMA)
+    return broker.queue_depths(access=settings.database_access())
 
 
 def stats(
@@ -114,7 +114,7 @@ def stats(
         _print_queues(queues)
 
 
-def _print_queues(queues: dict[str, BrokerQueue]) -> None:
+def _print_queues(queues: dict[str, QueueDepth]) -> None:
     table = Table(title="broker queues (PostgreSQL)")
     for column in ("queue", "depth", "ready", "in flight", "delayed", "oldest"):
         table.add_column(column, justify="left" if column == "queue" else "right")

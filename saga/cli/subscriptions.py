@@ -14,8 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from saga.broker.postgres_publishing import Binding, broker_bindings
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
+from saga.broker.bindings import Binding
 from saga.broker.transport import BrokerConfig
 from saga.cli.common import (
     BrokerUrlOption,
@@ -64,13 +63,9 @@ def subscriptions(
         for url in urls
     }
     bindings: list[Binding] | None = None
-    if settings.broker_url and BrokerConfig(settings.broker_url).is_postgres:
-        bindings = _read(
-            settings,
-            settings.broker_url,
-            "the broker's PostgreSQL",
-            lambda c: broker_bindings(c, BROKER_SCHEMA),
-        )
+    broker = BrokerConfig(settings.broker_url) if settings.broker_url else None
+    if broker is not None and broker.capabilities.routing_table:
+        bindings = broker.bindings(settings.database_access())
     if as_json:
         document: dict[str, Any] = {
             "services": [

@@ -14,8 +14,7 @@ from uuid import UUID
 import psycopg
 from pydantic import ValidationError
 
-from saga.broker.postgres_transport import DEFAULT_SCHEMA as BROKER_SCHEMA
-from saga.broker.queue_depths import waiting_messages
+from saga.broker.queue_depths import QueueDepth
 from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard import timeline
 from saga.dashboard.sources import Databases
@@ -29,9 +28,7 @@ from saga.observability.redaction import mask, password_of, redact_text
 from saga.operations.replay import outgoing_for, superseded
 from saga.operations.saga_messages import SagaMessages, received_at, saga_messages
 from saga.operations.stats import (
-    BrokerQueue,
     SagaWaiting,
-    broker_queues,
     collect,
     longest_waiting,
     oldest_running,
@@ -123,7 +120,7 @@ class Queues:
     """What the broker tells of the services' queues: everything a PostgreSQL broker
     knows (``detailed``), or the messages waiting in each queue of RabbitMQ or Redis."""
 
-    detailed: dict[str, BrokerQueue] = field(default_factory=dict)
+    detailed: dict[str, QueueDepth] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)
 
 
@@ -137,10 +134,11 @@ def queues(
     if broker is None:
         return None
     try:
-        if broker.is_postgres:
-            with access.connect(broker.url, autocommit=True, connect_timeout=5) as conn:
-                return Queues(detailed=broker_queues(conn, BROKER_SCHEMA))
-        return Queues(waiting=waiting_messages(broker, topology, services))
+        depths = broker.queue_depths(topology, services, access)
+        if broker.capabilities.queue_details:
+            return Queues(detailed=depths)
+        named = {service: topology.queue_name(service) for service in services}
+        return Queues(waiting={s: depths[q].ready for s, q in named.items() if q in depths})
     except Exception as exc:  # any broker or driver error: shown on the page, redacted
         text = redact_text(str(exc), password_of(broker.url))
         raise DatabaseUnavailable(f"the broker did not answer: {text}") from None

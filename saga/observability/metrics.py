@@ -9,7 +9,7 @@ database at each scrape, so they always match it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -19,7 +19,6 @@ from prometheus_client.registry import Collector
 
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import render
-from saga.observability.broker_queues import broker_queues
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +111,10 @@ class Metrics:
         """Also report outbox, dead-letter and saga gauges read from this database."""
         self.registry.register(DatabaseCollector(database_url, schema, access))
 
-    def watch_broker(self, broker_url: str, schema: str, access: DatabaseAccess = DIRECT) -> None:
-        """Also report the queues of the PostgreSQL broker at ``broker_url`` (its tables in
-        ``schema``): messages by state, and the oldest message's age."""
-        self.registry.register(BrokerCollector(broker_url, schema, access))
+    def watch_broker(self, read: Callable[[], Mapping[str, Any]]) -> None:
+        """Also report a broker's queues, as ``read`` tells them at each scrape (a broker
+        whose capabilities have ``queue_details``): messages by state, the oldest's age."""
+        self.registry.register(BrokerCollector(read))
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         start_http_server(port, addr=address, registry=self.registry)
@@ -193,33 +192,42 @@ class DatabaseCollector(_ScrapedCollector):
         return [depth, held, age, pending, running]
 
 
-class BrokerCollector(_ScrapedCollector):
-    """Gauges of a PostgreSQL broker's queues, computed from its table at scrape time."""
+class BrokerCollector(Collector):
+    """Gauges of a broker's queues, read at scrape time through ``read`` (queue -> an object
+    with ``ready``, ``in_flight``, ``delayed`` and ``oldest_age_s``), with an ``up`` gauge."""
 
-    up_name = "saga_metrics_broker_up"
-    what = "broker"
+    def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
+        self.read = read
 
-    def __init__(self, broker_url: str, schema: str, access: DatabaseAccess) -> None:
-        super().__init__(broker_url, access)
-        self.schema = schema
-
-    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
-        queues = broker_queues(conn, self.schema)
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("saga_metrics_broker_up", "1 if the last scrape read the broker.")
+        try:
+            queues = self.read()
+        except Exception as exc:  # any broker or driver error: the up gauge says it
+            logger.warning("metrics could not read the broker: %s", type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
         messages = GaugeMetricFamily(
             "saga_broker_queue_messages",
-            "Messages in a PostgreSQL broker queue: ready, in_flight (leased) or delayed.",
+            "Messages in a broker queue: ready, in_flight (leased) or delayed.",
             labels=["queue", "state"],
         )
         age = GaugeMetricFamily(
             "saga_broker_queue_oldest_age_seconds",
-            "Age of the oldest message in a PostgreSQL broker queue.",
+            "Age of the oldest message in a broker queue.",
             labels=["queue"],
         )
         for name, queue in queues.items():
             for state in ("ready", "in_flight", "delayed"):
-                messages.add_metric([name, state], getattr(queue, state))
-            age.add_metric([name], queue.oldest_age_s)
-        return [messages, age]
+                if getattr(queue, state) is not None:
+                    messages.add_metric([name, state], getattr(queue, state))
+            if queue.oldest_age_s is not None:
+                age.add_metric([name], queue.oldest_age_s)
+        yield messages
+        yield age
 
 
 def _one(conn: psycopg.Connection[Any], query: str) -> tuple[Any, ...]:

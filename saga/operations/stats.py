@@ -1,6 +1,6 @@
 """Figures about sagas for ``saga stats`` and the dashboard's overview (counts, durations,
 oldest, stuck, waiting, starts and ends per minute), the events published that no service
-subscribes to, and the queues of a PostgreSQL broker (depth, oldest message's age)."""
+subscribes to."""
 
 from __future__ import annotations
 
@@ -13,13 +13,10 @@ import psycopg
 
 from saga.db.sql import render
 from saga.messaging.events import EventRecords, UnroutedEvents
-from saga.observability.broker_queues import BrokerQueue, broker_queues
 
 __all__ = [
-    "BrokerQueue",
     "SagaStats",
     "SagaWaiting",
-    "broker_queues",
     "collect",
     "longest_waiting",
     "oldest_running",

@@ -14,7 +14,7 @@ from typing import Any
 from kombu import Consumer
 from kombu.message import Message
 
-from saga.broker.amqp_transport import READ_AHEAD, ReadAheadTransport
+from saga.broker.amqp.transport import READ_AHEAD, ReadAheadTransport
 from saga.outbox_relay.claims import OutboxRow
 from saga.outbox_relay.publisher import BatchPublisher
 from tests.support.brokers import TestBroker

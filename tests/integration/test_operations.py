@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from saga import Outbox
-from saga.consumers import HandlerContext, Outcome, RetryPolicy, Service
+from saga import HandlerContext, Outbox, RetryPolicy, Service
+from saga.consumers import Outcome
 from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics
 from saga.operations.retention import Pruner, RetentionPolicy

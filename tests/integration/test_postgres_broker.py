@@ -21,7 +21,8 @@ from kombu import Consumer, Message
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
-from saga.broker.postgres_messages import claim_statement
+from saga.broker.postgres.messages import claim_statement
+from saga.broker.transport import BrokerConfig
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics
@@ -297,10 +298,18 @@ def test_saga_stats_shows_the_depth_and_oldest_age_of_each_postgresql_broker_que
 def test_metrics_report_the_postgresql_broker_queues(pg_broker: TestBroker) -> None:
     queue = _three_states(pg_broker)
     registry = CollectorRegistry()
-    Metrics(registry).watch_broker(pg_broker.url, "saga_broker")
+    Metrics(registry).watch_broker(pg_broker.config.queue_depths)
     value = registry.get_sample_value
     assert value("saga_metrics_broker_up") == 1
     for state in ("ready", "in_flight", "delayed"):
         assert value("saga_broker_queue_messages", {"queue": queue, "state": state}) == 1
     age = value("saga_broker_queue_oldest_age_seconds", {"queue": queue})
     assert age is not None and 90 <= age < 600
+
+
+def test_metrics_say_when_the_broker_cannot_be_read() -> None:
+    unreachable = BrokerConfig("postgresql://postgres:secret@127.0.0.1:1/broker")
+    registry = CollectorRegistry()
+    Metrics(registry).watch_broker(unreachable.queue_depths)
+    assert registry.get_sample_value("saga_metrics_broker_up") == 0
+    assert registry.get_sample_value("saga_broker_queue_messages") is None

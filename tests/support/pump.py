@@ -12,7 +12,8 @@ from typing import Any
 
 import psycopg
 
-from saga.consumers import BatchProcessor, Delivery, Service
+from saga import Service
+from saga.consumers import BatchProcessor, Delivery
 from saga.effects.side_effects import SideEffects
 from saga.messaging.envelope import Envelope
 

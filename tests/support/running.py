@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from saga.consumers import ConsumerOptions, Service, ServiceRunner
+from saga import Service
+from saga.consumers import ConsumerOptions, ServiceRunner
 from saga.observability.metrics import Metrics
 from saga.outbox_relay import Relay, RelayOptions
 from tests.support.brokers import TestBroker

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from saga.broker.amqp import AMQP
 from saga.broker.transport import BrokerConfig, Topology, delivery_count
 from saga.errors import ConfigurationError
 from saga.observability.redaction import passwords_of, redact_url
@@ -32,7 +33,7 @@ def test_a_semicolon_inside_one_url_is_not_a_list() -> None:
 def test_a_failover_list_names_its_nodes_in_order() -> None:
     config = BrokerConfig(NODES)
     assert config.urls == tuple(NODES.split(";"))
-    assert config.is_amqp
+    assert config.kind is AMQP
     assert [config.connect(node).port for node in range(2)] == [5672, 5673]
 
 

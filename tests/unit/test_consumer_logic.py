@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pickle
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -59,6 +60,21 @@ def test_decode_rejections_name_their_reason() -> None:
     assert rejection.error_type == "InvalidPayload"
     assert "n:" in rejection.message
     assert rejection.message_id == bad.message_id
+
+
+def test_a_rejection_names_the_message_its_envelope_describes() -> None:
+    """What the dead letter records of a rejected message: its id, type and saga, when
+    the envelope could be read; nothing of it when it could not."""
+    saga_id = uuid.uuid4()
+    unknown = Envelope.wrap(Cmd(n=1), saga_id=saga_id).model_copy(update={"type": "Nope"})
+    rejection = _reject(unknown.to_bytes())
+    assert (rejection.message_id, rejection.message_type, rejection.saga_id) == (
+        unknown.message_id,
+        "Nope",
+        saga_id,
+    )
+    unreadable = _reject(b"{")
+    assert (unreadable.message_id, unreadable.message_type, unreadable.saga_id) == (None,) * 3
 
 
 def test_content_type_parameters_are_tolerated() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import inspect
 import re
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import saga
 from saga import errors
+from saga.broker.capabilities import Capabilities
+from saga.broker.kinds import KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,3 +221,76 @@ trip.remote("typo", command=lambda d: Cmd(order_id=d.order_idd))
     assert status == 1
     assert out.count("error:") == 1
     assert '"Data" has no attribute "order_idd"' in out
+
+
+def test_the_package_says_its_version() -> None:
+    assert saga.__version__ == importlib.metadata.version("saga-outbox")
+
+
+#: What a service declares, imported from ``saga``.
+DECLARED_BY_A_SERVICE = ("Service", "HandlerContext", "RetryPolicy", "StepFailed")
+
+
+def test_what_a_service_declares_is_imported_from_saga_alone() -> None:
+    """``Service``, ``HandlerContext``, ``RetryPolicy`` and ``StepFailed``: from ``saga`` (or
+    the module that defines each), and from no other package."""
+    declared = {name: getattr(saga, name) for name in DECLARED_BY_A_SERVICE}
+    elsewhere = []
+    for module, path in _modules():
+        if path.name != "__init__.py" or module == "saga":
+            continue
+        loaded = importlib.import_module(module)
+        for name, value in declared.items():
+            if getattr(loaded, name, None) is value:
+                elsewhere.append(f"{module}.{name}")
+    assert elsewhere == []
+
+
+def test_the_errors_import_nothing_of_the_framework_even_for_type_checkers() -> None:
+    tree = ast.parse((ROOT / "saga" / "errors.py").read_text())
+    imported = [
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("saga")
+    ] + [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name.startswith("saga")
+    ]
+    assert imported == []
+
+
+#: What telling brokers apart by their URL looks like (docs/architecture.md, the broker seam).
+BROKER_TESTS = re.compile(
+    r'is_amqp|is_redis|is_postgres|startswith\("amqp|scheme ==|driver_type =='
+)
+
+
+def test_no_module_outside_the_broker_package_tests_which_broker_it_holds() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for _module, path in _modules()
+        if not path.is_relative_to(ROOT / "saga" / "broker")
+        and path.parts[len(ROOT.parts)] in ("saga", "consumers", "outbox_relay")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if BROKER_TESTS.search(line)
+    ]
+    assert found == []
+
+
+def test_the_architecture_document_draws_the_broker_seam() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    seam = text.split("<!-- broker-seam -->")[1].split("<!-- /broker-seam -->")[0]
+    for module in ("transport.py", "capabilities.py", "kind.py", "kinds.py"):
+        assert f"saga/broker/{module}" in seam, module
+    for kind in KINDS:
+        home = Path(inspect.getfile(type(kind))).relative_to(ROOT)
+        where = home.parent if home.name == "__init__.py" else home
+        assert where.parts[:2] == ("saga", "broker"), f"{kind.name} lives in {where}"
+        shown = f"{where}/" if home.name == "__init__.py" else str(where)
+        assert shown in seam, f"the broker seam does not show {kind.name} ({shown})"
+    table = (ROOT / "docs" / "brokers.md").read_text()
+    for capability in Capabilities.__dataclass_fields__:
+        assert f"| `{capability}` |" in table, f"docs/brokers.md does not list {capability}"

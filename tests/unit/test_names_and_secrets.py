@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from saga.broker.postgres import POSTGRES
 from saga.broker.transport import BrokerConfig
 from saga.db.sql import render, validate_name, validate_schema
 from saga.errors import ConfigurationError, InvalidIdentifier
@@ -97,7 +98,7 @@ def test_sqlalchemy_broker_schemes_are_refused_with_a_pointer_to_postgresql() ->
         with pytest.raises(ConfigurationError, match=r"SQLAlchemy.*use .*postgresql://") as info:
             BrokerConfig(f"{scheme}://u:{SENTINEL}@host/db")
         assert SENTINEL not in str(info.value)
-    assert BrokerConfig("postgres://u@host/db").is_postgres
+    assert BrokerConfig("postgres://u@host/db").kind is POSTGRES
 
 
 def test_logging_filter_scrubs_secrets() -> None:

@@ -54,8 +54,8 @@ import psycopg
 from kombu.transport import virtual
 from psycopg import sql
 
-from saga.broker.postgres_messages import MESSAGES_DDL, claim_statement
-from saga.broker.postgres_publishing import (
+from saga.broker.postgres.messages import MESSAGES_DDL, claim_statement
+from saga.broker.postgres.publishing import (
     DEFAULT_EXCHANGE,
     SUBSCRIPTIONS_DDL,
     Bindings,

@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
+
+from saga.broker.bindings import Binding
 
 SUBSCRIPTIONS_DDL = """
 CREATE TABLE IF NOT EXISTS {subscriptions} (
@@ -138,16 +139,6 @@ class ReturnedMessage:
 
     properties: dict[str, Any]
     body: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Binding:
-    """One queue bound to one routing key of an exchange."""
-
-    exchange: str
-    routing_key: str
-    queue: str
-    created_at: datetime
 
 
 class Bindings:

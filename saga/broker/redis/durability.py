@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import redis.exceptions
 from kombu import Connection
 
-from saga.broker.transport import BrokerConfig
 from saga.errors import UnsafeDurability
+
+if TYPE_CHECKING:
+    from saga.broker.transport import BrokerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +44,10 @@ def redis_durability_problem(settings: Mapping[str, str]) -> str | None:
 def check_broker_durability(broker: BrokerConfig, connection: Connection) -> None:
     """Raise :class:`UnsafeDurability` when ``connection``'s broker may lose messages on restart.
 
-    Only Redis is checked (RabbitMQ's durable queues and persistent messages survive a
-    restart; the memory transport is for tests). A server where ``CONFIG`` is disabled
+    ``connection`` is to a Redis (RabbitMQ's durable queues and persistent messages
+    survive a restart, as the PostgreSQL broker's rows do). A server where ``CONFIG`` is disabled
     or not permitted cannot be checked: that is logged, and the broker is used.
     """
-    if not broker.is_redis:
-        return
     client = connection.default_channel.client
     try:
         settings = {
