@@ -229,6 +229,14 @@ def pg_broker_url(postgres_url: str) -> str:
     return _postgres_broker_url()
 
 
+@pytest.fixture
+def pg_broker(pg_broker_url: str) -> Iterator[TestBroker]:
+    """The PostgreSQL broker on its own database, with queues of this test's own."""
+    broker = TestBroker(pg_broker_url, "postgres")
+    yield broker
+    broker.cleanup()
+
+
 def _test_broker(kind: str) -> TestBroker:
     if kind == "memory":
         url = "memory://"
