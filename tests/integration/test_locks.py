@@ -84,6 +84,7 @@ def test_a_paused_holder_gets_its_stale_token_rejected(redis_url: str, db: TestD
     assert db.rows("SELECT value, token FROM fenced") == [("from the new holder", new.token)]
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_losing_redis_while_holding_is_surfaced(tmp_path) -> None:  # type: ignore[no-untyped-def]
     server = servers.require_program("redis-server", servers.REDIS_SERVER_HINT)
     with socket.socket() as probe:
