@@ -1,11 +1,11 @@
-# Two commands for a fresh clone: `make demo` and `make test`.
+# For a fresh clone: `make demo`; `make check` in the inner loop (PostgreSQL only); `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: install demo test lint unit bench profile chaos clean
+.PHONY: install demo check test lint unit bench profile chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check saga consumers outbox_relay tests examples bench
 	$(BIN)/mypy
 
+# The inner loop: lint, mypy and the tests that need no server or only PostgreSQL, except
+# the slow ones. A missing PostgreSQL stops it at once.
+check: lint
+	$(BIN)/pytest -m "not slow and not rabbitmq and not redis" --require-server postgres \
+		--durations=15
+
+# Everything (what CI runs), then the 15 slowest tests.
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=15
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit

@@ -1,7 +1,12 @@
-"""Test fixtures: real servers resolved per DESIGN.md section 6.
+"""Test fixtures: real servers, resolved as tests/support/servers.py describes.
 
 A missing server fails the test under ``CI=true`` and skips it elsewhere,
 with one summary line per missing server saying how to enable that tier.
+
+Every test is marked with the servers it needs (``postgres``, ``rabbitmq``, ``redis``),
+read from the fixtures it uses, so ``-m "not rabbitmq and not redis"`` selects the tier
+that needs PostgreSQL at most (``make check``). ``--require-server postgres`` makes a
+missing PostgreSQL stop the run at once with one clear line instead of skipping.
 """
 
 from __future__ import annotations
@@ -23,14 +28,84 @@ from tests.support.example_cluster import make_cluster
 PG_BROKER_DATABASE = "saga_test_broker"
 _resolved: dict[str, servers.Server] = {}
 
+#: The mark a test gets when it uses the fixture (or one that depends on it).
+SERVER_FIXTURES = {
+    "postgres_url": "postgres",
+    "amqp_url": "rabbitmq",
+    "redis_url": "redis",
+    "private_redis": "redis",
+}
+#: The mark a test gets from the transport its broker fixture was parametrized with.
+BROKER_PARAMS = {"amqp": "rabbitmq", "redis": "redis", "postgres": "postgres"}
+BROKER_FIXTURES = ("any_broker", "event_broker", "shared_event_broker")
+#: ``--require-server`` names, as the markers spell them: (key in ``_resolved``, server kind).
+REQUIRABLE = {
+    "postgres": ("postgres", "PostgreSQL"),
+    "rabbitmq": ("amqp", "RabbitMQ"),
+    "redis": ("redis", "Redis"),
+}
+
+
+MARKS = {
+    "slow": "takes long (processes, chaos runs, wheels): make test runs it, make check does not",
+    "postgres": "needs PostgreSQL (set from the fixtures the test uses)",
+    "rabbitmq": "needs RabbitMQ (set from the fixtures the test uses)",
+    "redis": "needs Redis (set from the fixtures the test uses)",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, meaning in MARKS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-server",
+        action="append",
+        default=[],
+        choices=sorted(REQUIRABLE),
+        help="stop the run at once if this server is missing (never skip, never embedded)",
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    for name in session.config.getoption("require_server"):
+        key, kind = REQUIRABLE[name]
+        servers.REQUIRED.add(kind)
+        server = _resolved[key] = _resolve(key)
+        if server.url is None:
+            pytest.exit(
+                f"{server.kind} is required (--require-server {name}) and not available: "
+                f"{server.how_to_enable}",
+                returncode=pytest.ExitCode.USAGE_ERROR,
+            )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for mark in _servers_needed(item):
+            item.add_marker(mark)
+
+
+def _servers_needed(item: pytest.Item) -> set[str]:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    needed = {mark for fixture, mark in SERVER_FIXTURES.items() if fixture in fixtures}
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    for fixture in BROKER_FIXTURES:
+        if params.get(fixture) in BROKER_PARAMS:
+            needed.add(BROKER_PARAMS[params[fixture]])
+    return needed
+
+
+def _resolve(kind: str) -> servers.Server:
+    return {"postgres": servers.postgres, "amqp": servers.rabbitmq, "redis": servers.redis}[kind]()
+
 
 def _server(kind: str) -> str:
     if kind not in _resolved:
-        _resolved[kind] = {
-            "postgres": servers.postgres,
-            "amqp": servers.rabbitmq,
-            "redis": servers.redis,
-        }[kind]()
+        _resolved[kind] = _resolve(kind)
     server = _resolved[kind]
     if server.url is None:
         servers.unavailable(server.kind, server.how_to_enable)
@@ -156,8 +231,16 @@ def _postgres_broker_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_broker_url() -> str:
+def pg_broker_url(postgres_url: str) -> str:
     return _postgres_broker_url()
+
+
+@pytest.fixture
+def pg_broker(pg_broker_url: str) -> Iterator[TestBroker]:
+    """The PostgreSQL broker on its own database, with queues of this test's own."""
+    broker = TestBroker(pg_broker_url, "postgres")
+    yield broker
+    broker.cleanup()
 
 
 def _test_broker(kind: str) -> TestBroker:

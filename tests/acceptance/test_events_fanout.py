@@ -23,7 +23,9 @@ from tests.support import servers
 EVENTS = 2000
 
 
-@pytest.mark.parametrize("broker", ["rabbitmq", "postgres"])
+@pytest.mark.parametrize(
+    "broker", [pytest.param("rabbitmq", marks=pytest.mark.rabbitmq), "postgres"]
+)  # a private RabbitMQ node or PostgreSQL server of its own (crashed by the run)
 def test_three_subscribers_get_every_event_once_through_kills_and_a_broker_crash(
     broker: str, postgres_url: str, tmp_path: Path
 ) -> None:

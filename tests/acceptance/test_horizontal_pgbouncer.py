@@ -46,7 +46,7 @@ def test_two_processes_per_service_through_pgbouncer_on_rabbitmq(
     assert report.figures["effects_duplicated"] == 0
 
 
-def test_chaos_through_pgbouncer_with_two_processes_per_service() -> None:
+def test_chaos_through_pgbouncer_with_two_processes_per_service(postgres_url: str) -> None:
     """The chaos run on the PostgreSQL broker (its private PostgreSQL crashed and started
     again behind the pooler; the shared servers are never restarted)."""
     servers.pgbouncer(pgbouncer_program())  # on CI, a missing PgBouncer fails here

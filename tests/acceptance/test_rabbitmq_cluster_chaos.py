@@ -23,7 +23,9 @@ from tests.support.chaos_runs import clean_chaos_run
 MOST_RESUMED = 0.1
 
 
-def test_chaos_on_a_three_node_cluster_loses_nothing_when_nodes_are_killed() -> None:
+def test_chaos_on_a_three_node_cluster_loses_nothing_when_nodes_are_killed(
+    postgres_url: str,
+) -> None:
     if not rabbitmq_installed():
         servers.unavailable("rabbitmq-server", f"{servers.RABBITMQCTL_HINT} ({RABBITMQ_BIN})")
     run = clean_chaos_run(

@@ -8,8 +8,12 @@ import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from saga.examples.order_saga.processes import REPO, SAGA, SagaProcess
+from saga.examples.order_saga.processes import REPO, SAGA, SagaProcess, saga_env
+from saga.messaging.envelope import Envelope
+from saga.observability.redaction import redact_url
+from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase, with_credentials
+from tests.support.services import Ping
 from tests.support.wait import wait_until
 
 SENTINEL = "Sentinel-Pa55-4e1d"
@@ -73,3 +77,20 @@ def test_a_working_password_is_masked_in_what_processes_print(
     )
     assert shown.returncode == 0
     assert SENTINEL not in (shown.stdout + shown.stderr).replace("\n", "")
+
+
+def test_a_password_that_application_code_logs_is_masked(
+    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
+) -> None:
+    """A handler logs the database URL as it was given: the log line reaches the console
+    with the password masked, by the process's log redaction alone."""
+    url = with_credentials(db.url, password=SENTINEL)  # trust auth ignores it
+    env = saga_env(url, rabbit.url, rabbit.topology.queue_prefix)
+    consumer = SagaProcess(["consume", "tests.support.leaky_service:leaky"], env, tmp_path, "c")
+    try:
+        rabbit.publish_raw("leaky", Envelope.wrap(Ping(key="k1")).to_bytes(), "application/json")
+        wait_until(lambda: "handling k1 on" in consumer.output(), timeout=60, what="logged")
+    finally:
+        assert consumer.terminate(30) == 0, consumer.output()
+    assert SENTINEL not in _printed(consumer)
+    assert f"handling k1 on {redact_url(url)}" in _printed(consumer)

@@ -30,6 +30,8 @@ from tests.support.holds import Hold
 from tests.support.services import EFFECTS_DDL, Ping, service
 from tests.support.wait import wait_until
 
+pytestmark = pytest.mark.rabbitmq  # a private node of its own (the shared one is never restarted)
+
 ROWS = 40
 _ANSWERED = re.compile(r"answered (\d+) duplicate\(s\) again")
 

@@ -18,6 +18,7 @@ from saga.messaging.envelope import Envelope
 from tests.support import servers
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
+from tests.support.holds import Hold
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL, Flaky, Ping, Pong, Refuse, service
 from tests.support.wait import wait_until
@@ -197,23 +198,46 @@ def test_consumer_reconnects_after_losing_its_database_connection(
 
 
 def test_consumer_reconnects_after_the_broker_closed_its_connection(
-    db: TestDatabase, rabbit: TestBroker
+    db: TestDatabase, rabbit: TestBroker, tmp_path: Path
 ) -> None:
+    """The broker closes the connection while a handled message is committed and not yet
+    acknowledged: the consumer reconnects, skips the redelivered copy (answering it again)
+    and handles the message after it."""
     import subprocess
 
     rabbitmqctl = servers.require_program("rabbitmqctl", servers.RABBITMQCTL_HINT)
     _setup(db)
-    with running_service(service, db, rabbit):
-        rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="one")).to_bytes(), JSON)
-        wait_until(lambda: _effects(db, "ping", "one") == 1, what="first message")
+    rabbit.declare("replies")
+    hold = Hold("consumer.after_commit", tmp_path)
+    env = saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix)
+    consumer = SagaProcess(
+        ["consume", "tests.support.services:service"], {**env, **hold.env}, tmp_path, "consumer"
+    )
+    try:
+        one = Envelope.wrap(Ping(key="one"), reply_to="replies")
+        rabbit.publish_raw(service.name, one.to_bytes(), JSON)
+        hold.wait_held(consumer)
+        assert _effects(db, "ping", "one") == 1  # committed, not acknowledged
         subprocess.run(
             [rabbitmqctl, "close_all_connections", "test: broker restart"],
             check=True,
             capture_output=True,
             timeout=60,
         )
+        hold.release()  # its acknowledgement goes nowhere: the copy comes back
         rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="two")).to_bytes(), JSON)
-        wait_until(lambda: _effects(db, "ping", "two") == 1, timeout=60, what="after reconnect")
+        wait_until(
+            lambda: (
+                _effects(db, "ping", "two") == 1
+                and "answered 1 duplicate(s) again" in consumer.output()
+            ),
+            timeout=60,
+            what="the copy skipped and the next message handled after reconnecting",
+        )
+    finally:
+        code = consumer.terminate()
+    assert code == 0, consumer.output()
+    assert _effects(db, "ping", "one") == 1, consumer.output()
 
 
 def test_batches_that_deadlock_on_hot_rows_still_finish(

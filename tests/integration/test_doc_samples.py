@@ -16,7 +16,14 @@ PAGES = sorted(
 )
 
 
-@pytest.mark.parametrize("page", PAGES)
+def _needs_redis(page: str) -> bool:
+    return "SAGA_REDIS_URL" in (ROOT / page).read_text()
+
+
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(page, marks=[pytest.mark.redis] if _needs_redis(page) else []) for page in PAGES],
+)
 def test_every_sample_of_the_page_runs(
     page: str,
     db: TestDatabase,
@@ -26,7 +33,7 @@ def test_every_sample_of_the_page_runs(
 ) -> None:
     text = (ROOT / page).read_text()
     monkeypatch.setenv("SAGA_DATABASE_URL", db.url)
-    if "SAGA_REDIS_URL" in text:
+    if _needs_redis(page):
         monkeypatch.setenv("SAGA_REDIS_URL", request.getfixturevalue("redis_url"))
     not_run = run_page(page, text, tmp_path)
     assert len(not_run) <= 2, f"keep samples that are not run rare: {not_run}"

@@ -84,6 +84,7 @@ def test_a_paused_holder_gets_its_stale_token_rejected(redis_url: str, db: TestD
     assert db.rows("SELECT value, token FROM fenced") == [("from the new holder", new.token)]
 
 
+@pytest.mark.redis  # a redis-server of its own
 def test_losing_redis_while_holding_is_surfaced(tmp_path) -> None:  # type: ignore[no-untyped-def]
     server = servers.require_program("redis-server", servers.REDIS_SERVER_HINT)
     with socket.socket() as probe:
@@ -113,3 +114,24 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.RedisError:
         return False
+
+
+def test_leaving_the_with_block_after_the_lock_was_lost_raises(redis_url: str) -> None:
+    """The lease ran out and another holder took the lock while the block ran: leaving the
+    block raises LockLost, and leaves the other holder's lock alone."""
+    client = redis.Redis.from_url(redis_url)
+    with (
+        pytest.raises(LockLost, match="was lost"),
+        FencedLock(client, _name(), lease=1.5) as lock,  # renewed every 0.5 s
+    ):
+        client.set(lock.key, "another holder")
+        wait_until(lambda: not _still_held(lock), timeout=30, what="the renewal to fail")
+    assert client.get(lock.key) == b"another holder"
+
+
+def _still_held(lock: FencedLock) -> bool:
+    try:
+        lock.check()
+    except LockLost:
+        return False
+    return True

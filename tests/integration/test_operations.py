@@ -268,7 +268,20 @@ def test_metrics_match_the_database(db: TestDatabase, rabbit: TestBroker) -> Non
     _dead_letter(db, Ping(key="a"), "E", consumer="svc-a")
     _dead_letter(db, Ping(key="b"), "E", consumer="svc-a")
     _dead_letter(db, Ping(key="c"), "E", consumer="svc-b")
+    # The oldest ready row written an hour ago; the scheduled one, older still, is not ready.
+    db.execute(
+        "UPDATE saga.outbox SET created_at = created_at - interval '1 hour' "
+        "WHERE id = (SELECT min(id) FROM saga.outbox WHERE deliver_after IS NULL)"
+    )
+    db.execute(
+        "UPDATE saga.outbox SET created_at = created_at - interval '2 hours' "
+        "WHERE deliver_after IS NOT NULL"
+    )
+    oldest = "SELECT extract(epoch FROM now() - min(created_at)) FROM saga.outbox "
+    oldest += "WHERE deliver_after IS NULL"
+    age_before = float(db.scalar(oldest))
     scraped = _scrape(port)
+    age_after = float(db.scalar(oldest))
     assert scraped["saga_metrics_database_up"] == 1
     assert (
         scraped["saga_outbox_depth"]
@@ -276,7 +289,7 @@ def test_metrics_match_the_database(db: TestDatabase, rabbit: TestBroker) -> Non
         == 7
     )
     assert scraped["saga_outbox_scheduled"] == 1
-    assert scraped["saga_outbox_oldest_age_seconds"] >= 0
+    assert 3600 <= age_before <= scraped["saga_outbox_oldest_age_seconds"] <= age_after
     assert scraped['saga_dead_letters_pending{consumer="svc-a",reason="failed"}'] == 2
     assert scraped['saga_dead_letters_pending{consumer="svc-b",reason="failed"}'] == 1
 

@@ -9,14 +9,12 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from kombu import Consumer, Message
 from prometheus_client import CollectorRegistry
 from psycopg import sql
@@ -34,13 +32,6 @@ from tests.support.wait import wait_until
 
 JSON = "application/json"
 LEASE = 2.0
-
-
-@pytest.fixture
-def pg_broker(pg_broker_url: str) -> Iterator[TestBroker]:
-    broker = TestBroker(pg_broker_url, "postgres")
-    yield broker
-    broker.cleanup()
 
 
 def _rows(broker: TestBroker, destination: str) -> list[tuple[Any, ...]]:

@@ -114,10 +114,20 @@ def test_signed_messages_flow_and_forged_ones_are_rejected_before_decoding(
 
 
 def test_consumer_counts_signature_rejections(db: TestDatabase, rabbit: TestBroker) -> None:
+    """An unsigned message is counted, dead-lettered and never handled; the signed one
+    behind it is handled."""
     db.execute(EFFECTS_DDL)
     ring = KeyRing((NEW,), require=True)
+    unsigned = Envelope.wrap(Ping(key="x")).to_bytes()
+    signed = Envelope.wrap(Ping(key="after")).to_bytes()
     with running_service(service, db, rabbit, signing=ring) as runner:
-        rabbit.publish_raw(
-            service.name, Envelope.wrap(Ping(key="x")).to_bytes(), "application/json"
+        rabbit.publish_raw(service.name, unsigned, "application/json")
+        rabbit.publish_raw(service.name, signed, "application/json", headers=ring.sign(signed))
+        wait_until(
+            lambda: runner.counts[Outcome.REJECTED] == 1 and runner.counts[Outcome.HANDLED] == 1,
+            what="the unsigned message rejected and the signed one handled",
         )
-        wait_until(lambda: runner.counts[Outcome.REJECTED] == 1, what="rejected")
+    assert db.rows("SELECT key FROM effects") == [("after",)]  # no handler ran for "x"
+    assert db.rows("SELECT reason, error_type, body FROM saga.dead_letters") == [
+        ("rejected", "MissingSignature", unsigned)
+    ]

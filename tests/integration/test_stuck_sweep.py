@@ -9,6 +9,7 @@ inbox takes it once; a sweep leaves alone what is not its own or not stuck.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from uuid import UUID
 
@@ -74,24 +75,33 @@ def test_a_saga_whose_command_was_lost_is_resumed_and_finishes(db: TestDatabase)
 
 
 def test_a_running_home_consumer_resumes_a_saga_whose_command_rabbitmq_lost(
-    db: TestDatabase, rabbit: TestBroker
+    db: TestDatabase, rabbit: TestBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The sweep runs again before its resume is relayed (the relay starts later), so it
+    writes the resume twice; the saga is resumed exactly once and finishes."""
     _start_trip(db, "lost-on-rabbitmq")
     db.execute("DELETE FROM saga.outbox")  # taken by the broker, then lost
     _stall(db)
     home = trips.registry.as_service()
-    with (
-        running_relay(db, rabbit),
-        running_service(home, db, rabbit, resume_stuck_after=timedelta(seconds=2)) as runner,
-        running_service(trips.bank, db, rabbit),
-    ):
+    caplog.set_level(logging.WARNING, logger="saga.engine.orchestrator")
+    with running_service(home, db, rabbit, resume_stuck_after=timedelta(seconds=2)) as runner:
+        sweeps = [w.stuck_sweep for w in runner.workers if w.stuck_sweep]
         wait_until(
-            lambda: db.scalar("SELECT status FROM saga.saga_instances") == "completed",
+            lambda: sum(sweep.resumed_total for sweep in sweeps) >= 2,
             timeout=30,
-            what="the resumed saga to complete",
+            what="two sweeps to find the same stall",
         )
+        first, second, *_ = _resumes(db)
+        assert first == second  # the same message for the same stall
+        with running_relay(db, rabbit), running_service(trips.bank, db, rabbit):
+            wait_until(
+                lambda: db.scalar("SELECT status FROM saga.saga_instances") == "completed",
+                timeout=30,
+                what="the resumed saga to complete",
+            )
     assert db.scalar("SELECT count(*) FROM effects WHERE kind = 'charge'") == 1
-    assert sum(w.stuck_sweep.resumed_total for w in runner.workers if w.stuck_sweep) >= 1
+    resumed = [r.getMessage() for r in caplog.records if " resumed at step " in r.getMessage()]
+    assert len(resumed) == 1, resumed
 
 
 def test_a_participant_consumer_does_not_sweep(db: TestDatabase, rabbit: TestBroker) -> None:

@@ -1,11 +1,12 @@
-"""Finding the servers a test tier needs, in the order DESIGN.md section 6 fixes.
+"""Finding the servers a test tier needs, in this order:
 
 1. a URL from the environment (``SAGA_TEST_DATABASE_URL``, ``SAGA_TEST_AMQP_URL``,
    ``SAGA_TEST_REDIS_URL``);
 2. the local default address, if something answers there;
 3. testcontainers, when a Docker engine answers and ``SAGA_TEST_CONTAINERS=1``;
 4. for PostgreSQL alone, the embedded server used by ``make demo`` (never under
-   ``CI=true``: CI tests the server it was given, or fails).
+   ``CI=true`` nor when the run requires PostgreSQL with ``--require-server``: such a
+   run tests the server it was given, or fails).
 
 A URL from the environment that does not answer counts as missing. A missing
 server (or program) fails the test under ``CI=true``, naming it, and skips it
@@ -40,6 +41,11 @@ _started: list[Any] = []  # containers to stop at exit
 REDIS_SERVER_HINT = "install redis-server (apt-get install redis-server)"
 PGBOUNCER_HINT = "install pgbouncer (apt-get install pgbouncer)"
 RABBITMQCTL_HINT = "install rabbitmq-server (rabbitmqctl) on the machine running the tests"
+PG_CTLCLUSTER_HINT = "install postgresql-common (pg_ctlcluster) on the machine running the tests"
+
+#: Server kinds ("PostgreSQL", ...) the run requires (``--require-server``): a missing one
+#: stops the run, and the embedded PostgreSQL never stands in for it.
+REQUIRED: set[str] = set()
 
 #: What was skipped for want of a server or program, and how to enable it (summary lines).
 MISSING: dict[str, str] = {}
@@ -173,7 +179,7 @@ def resolve(
         url = container()
         if url:
             return Server(kind, url, "testcontainers", hint)
-    if fallback is not None and not on_ci():
+    if fallback is not None and not on_ci() and kind not in REQUIRED:
         url = fallback()
         if url:
             return Server(kind, url, "embedded", hint)

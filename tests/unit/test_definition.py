@@ -115,6 +115,9 @@ def test_annotated_function_gives_the_command_type() -> None:
     saga = _saga()
     saga.remote("reserve", command=build)
     _registered(saga, routes={Reserve: "inventory"})
+    step = saga.steps[0]
+    assert step.command_type is Reserve  # type: ignore[union-attr]
+    assert saga.service_of(step) == "inventory"  # type: ignore[arg-type]  # routed by that type
 
 
 def test_unknown_local_compensation_name_is_reported() -> None:

@@ -27,13 +27,13 @@ def _closed_port() -> int:
 
 
 def _run_one_test(
-    tmp_path: Path, fixture: str, env: dict[str, str]
+    tmp_path: Path, fixture: str, env: dict[str, str], *options: str
 ) -> subprocess.CompletedProcess[str]:
     test = tmp_path / "test_needs_a_server.py"
     test.write_text(f"def test_needs_it({fixture}):\n    pass\n")
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-rfEs",
-         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(test)],
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", *options, str(test)],
         check=False,
         cwd=REPO,
         env={**os.environ, **env},
@@ -67,6 +67,7 @@ def test_ci_never_falls_back_to_the_embedded_postgresql(monkeypatch: pytest.Monk
     port = _closed_port()
     monkeypatch.delenv("SAGA_TEST_DATABASE_URL", raising=False)
     monkeypatch.setattr(servers, "_docker_available", lambda: False)
+    monkeypatch.setattr(servers, "REQUIRED", set())
     kwargs = {
         "kind": "PostgreSQL",
         "env_var": "SAGA_TEST_DATABASE_URL",
@@ -79,6 +80,21 @@ def test_ci_never_falls_back_to_the_embedded_postgresql(monkeypatch: pytest.Monk
     assert servers.resolve(**kwargs).source == "missing"  # type: ignore[arg-type]
     monkeypatch.setenv("CI", "")
     assert servers.resolve(**kwargs).source == "embedded"  # type: ignore[arg-type]
+    servers.REQUIRED.add("PostgreSQL")  # make check: --require-server postgres
+    assert servers.resolve(**kwargs).source == "missing"  # type: ignore[arg-type]
+
+
+def test_a_required_server_that_is_missing_stops_the_run_at_once(tmp_path: Path) -> None:
+    """make check (--require-server postgres) without PostgreSQL: one clear line, no test run,
+    even where a missing server would otherwise be a skip."""
+    port = _closed_port()
+    env = {"CI": "", "SAGA_TEST_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/pg"}
+    result = _run_one_test(tmp_path, "db", env, "--require-server", "postgres")
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, output
+    assert "PostgreSQL is required (--require-server postgres) and not available" in output
+    assert f"127.0.0.1:{port} (SAGA_TEST_DATABASE_URL)" in output, output
+    assert "passed" not in output and "skipped" not in output, output
 
 
 def test_a_missing_pgbouncer_fails_the_run_under_ci(tmp_path: Path) -> None:
