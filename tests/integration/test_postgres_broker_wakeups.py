@@ -14,8 +14,8 @@ import pytest
 from kombu import Connection, Consumer, Message, Producer
 from psycopg import sql
 
-from saga.broker import postgres_transport
-from saga.broker.postgres_transport import (
+from saga.broker.postgres import transport as postgres_transport
+from saga.broker.postgres.transport import (
     DEFAULT_SCHEMA,
     MAX_POLL,
     MIN_POLL,
