@@ -15,13 +15,31 @@ from uuid import UUID
 import psycopg
 
 from saga.db.sql import render
+from saga.handlers.closed_steps import LOCK_SEED
 from saga.messaging.outbox import OutgoingMessage
 
-_RECORD = """
-INSERT INTO {schema}.inbox (consumer, message_id)
-SELECT %s, unnest(%b::uuid[])
-ON CONFLICT DO NOTHING
-RETURNING message_id
+#: A delivery's opening, in one statement: the inbox rows, then the shared step-key locks of
+#: the new forward commands and which of their steps are closed (a function of the schema:
+#: it reads in a snapshot taken after the locks are granted; see 0017_lone_delivery.sql).
+#: Rows of (message id, None) for each message not processed before, (None, step key) for
+#: each closed step.
+_OPEN = """
+WITH fresh AS (
+    INSERT INTO {schema}.inbox (consumer, message_id)
+    SELECT %(consumer)s, unnest(%(ids)b::uuid[])
+    ON CONFLICT DO NOTHING
+    RETURNING message_id
+)
+SELECT message_id, NULL::text FROM fresh
+UNION ALL
+SELECT NULL::uuid, closed FROM {schema}.closed_steps_locked(
+    ARRAY(
+        SELECT d.step_key FROM unnest(%(ids)b::uuid[], %(keys)b::text[]) AS d(message_id, step_key)
+        JOIN fresh USING (message_id)
+        WHERE d.step_key IS NOT NULL
+    ),
+    %(seed)s
+) AS closed
 """
 
 _FORGET = "DELETE FROM {schema}.inbox WHERE consumer = %s AND message_id = %s"
@@ -45,29 +63,40 @@ class Inbox:
     """Deduplication records, and the replies kept with them, on one schema."""
 
     def __init__(self, schema: str) -> None:
-        self._record = render(_RECORD, schema)
+        self._open = render(_OPEN, schema)
         self._forget = render(_FORGET, schema)
         self._keep_replies = render(_KEEP_REPLIES, schema)
         self._answer_again = render(_ANSWER_AGAIN, schema)
 
-    def record(
-        self, conn: psycopg.Connection[Any], consumer: str, message_ids: list[UUID]
-    ) -> set[UUID]:
-        """Insert inbox rows in one statement; return the ids this consumer had not processed."""
-        cur = conn.execute(self._record, (consumer, message_ids), prepare=True)
-        return {row[0] for row in cur.fetchall()}
+    def open(
+        self,
+        conn: psycopg.Connection[Any],
+        consumer: str,
+        message_ids: list[UUID],
+        step_keys: list[str | None],
+    ) -> tuple[set[UUID], set[str]]:
+        """Insert the inbox rows of ``message_ids`` (each with its forward command's step key,
+        or None) in one statement; return the ids this consumer had not processed, and the
+        step keys among theirs whose steps were closed. Holds those keys' shared locks."""
+        params = {"consumer": consumer, "ids": message_ids, "keys": step_keys, "seed": LOCK_SEED}
+        fresh: set[UUID] = set()
+        closed: set[str] = set()
+        for message_id, key in conn.execute(self._open, params, prepare=True):
+            if message_id is not None:
+                fresh.add(message_id)
+            else:
+                closed.add(key)
+        return fresh, closed
 
     def forget(self, conn: psycopg.Connection[Any], consumer: str, message_id: UUID) -> None:
         """Drop the row of a message that was not processed after all (retried or dead-lettered)."""
         conn.execute(self._forget, (consumer, message_id))
 
-    def keep_replies(
-        self,
-        conn: psycopg.Connection[Any],
-        consumer: str,
-        replies: Sequence[tuple[UUID, OutgoingMessage]],
-    ) -> None:
-        """Keep each (handled message id, reply it caused), all in one statement."""
+    def replies_kept(
+        self, consumer: str, replies: Sequence[tuple[UUID, OutgoingMessage]]
+    ) -> tuple[str, list[Any]]:
+        """The statement keeping each (handled message id, reply it caused), and its
+        parameters (:mod:`saga.consumers.closing` runs it with the batch's outbox rows)."""
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
         for message_id, reply in replies:
             envelope = reply.envelope
@@ -81,7 +110,7 @@ class Inbox:
             )
             for column, value in zip(columns, row, strict=True):
                 column.append(value)
-        conn.execute(self._keep_replies, (consumer, *columns), prepare=True)
+        return self._keep_replies, [consumer, *columns]
 
     def answer_again(
         self, conn: psycopg.Connection[Any], consumer: str, message_ids: list[UUID]
