@@ -1,8 +1,9 @@
 """Handling a batch of deliveries in ONE database transaction.
 
 First the inbox rows ``(consumer, message_id)`` of the whole batch, in one
-statement: a message whose row was already there was processed before and is
-skipped. Then the handlers run on the open transaction, in segments of up to
+statement that also takes the forward commands' step-key locks and finds which of
+their steps are closed: a message whose row was already there was processed before
+and is skipped. Then the handlers run on the open transaction, in segments of up to
 :data:`SEGMENT` deliveries that share one savepoint: while no handler fails, that
 is one savepoint command per segment instead of one per delivery (where an
 OpenTelemetry SDK records spans, every delivery has a savepoint of its own, so
@@ -12,10 +13,15 @@ each in a savepoint of its own, the failed one goes down its failure path (its
 first try already failed: it is not run again for that), and the batch goes on.
 A message that ends up retried later or dead-lettered gets its inbox row removed
 again. The replies sent for the batch's handled messages are kept with their inbox
-rows (one statement, when there are any); a duplicate is answered again with the
-replies kept for it (one statement, when there are duplicates), so a saga whose
-reply a broker lost gets it when the saga is resumed. The caller commits once for
-the whole batch, then acknowledges.
+rows; a duplicate is answered again with the replies kept for it (one statement,
+when there are duplicates), so a saga whose reply a broker lost gets it when the saga
+is resumed. The batch's outbox rows, its kept replies and more go in one closing
+statement (:mod:`saga.consumers.closing`). The caller commits once for the whole
+batch, then acknowledges.
+
+A delivery alone in its transaction (the usual case below full load) runs with no
+savepoint: if its handler raises, the transaction rolls back and the delivery's
+failure path runs in a new one (:class:`~saga.errors.LoneDeliveryFailed`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Both sides take a transaction-level advisory lock on the step key (the forward
 command shared, the compensation exclusive), so a compensation that arrives while
 its command is being handled waits for that transaction and then sees, and undoes,
 what it wrote; and a command that arrives while its compensation is being handled
-waits, then finds the step closed.
+waits, then finds the step closed. The command's shared lock is taken, and its step
+looked up in a fresh snapshot once the lock is granted, in the consumer's opening
+statement (:mod:`saga.consumers.inbox`, the schema's ``closed_steps_locked`` function).
 """
 
 from __future__ import annotations

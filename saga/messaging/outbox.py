@@ -6,6 +6,8 @@ relay (``saga relay``) later publishes the row and deletes it.
 ``Outbox.add_async`` is the same write on a ``psycopg.AsyncConnection``.
 ``Outbox.publish`` (and ``publish_async``) writes an event: a row with no
 destination, which the relay publishes to every service subscribing to its type.
+Inside a consumer's transaction the rows for now are leased to the consumer instead,
+which publishes them itself right after its commit (:mod:`saga.messaging.leases`).
 """
 
 from __future__ import annotations
