@@ -22,7 +22,7 @@ import psycopg
 
 from saga.consumers.inbox import Inbox
 from saga.db.sql import render
-from saga.messaging.leases import LeasedRow, Leases
+from saga.messaging.leases import Leases
 from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage, held_back
 
 _CONFIRM = "SELECT id FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
@@ -86,8 +86,6 @@ class Closing:
         returned = conn.execute(statement, params, prepare=True).fetchall()
         if leases is not None and selects:
             kept = {row[0] for row in returned if row[1] is None}
-            leases.written[:] = [
-                *(row for row in leases.written if row.id in kept),
-                *(LeasedRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in returned if r[1]),
-            ]
+            leases.written[:] = [row for row in leases.written if row.id in kept]
+            leases.add_written([row for row in returned if row[1] is not None])
         return len(published)

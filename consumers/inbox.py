@@ -16,6 +16,7 @@ import psycopg
 
 from saga.db.sql import render
 from saga.handlers.closed_steps import LOCK_SEED
+from saga.messaging.leases import Leases
 from saga.messaging.outbox import OutgoingMessage
 
 #: A delivery's opening, in one statement: the inbox rows, then the shared step-key locks of
@@ -51,11 +52,14 @@ SELECT %s, * FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::text[], %b::uui
 ON CONFLICT DO NOTHING
 """
 
+#: Leased to the consumer (:mod:`saga.messaging.leases`) when given a lease, else ready
+#: for the relays at once (``now() + NULL`` is NULL).
 _ANSWER_AGAIN = """
-INSERT INTO {schema}.outbox (message_id, destination, message_type, saga_id, body)
-SELECT reply_id, destination, message_type, saga_id, body FROM {schema}.inbox_replies
+INSERT INTO {schema}.outbox (message_id, destination, message_type, saga_id, body, deliver_after)
+SELECT reply_id, destination, message_type, saga_id, body, statement_timestamp() + %s::interval
+FROM {schema}.inbox_replies
 WHERE consumer = %s AND message_id = ANY(%b::uuid[])
-RETURNING id
+RETURNING id, message_id, destination, message_type, body
 """
 
 
@@ -113,9 +117,15 @@ class Inbox:
         return self._keep_replies, [consumer, *columns]
 
     def answer_again(
-        self, conn: psycopg.Connection[Any], consumer: str, message_ids: list[UUID]
+        self,
+        conn: psycopg.Connection[Any],
+        consumer: str,
+        message_ids: list[UUID],
+        leases: Leases | None,
     ) -> list[int]:
         """Write the kept replies to these (duplicate) messages to the outbox again, under
-        their original message ids; return the new outbox row ids."""
-        cur = conn.execute(self._answer_again, (consumer, message_ids), prepare=True)
-        return [row[0] for row in cur.fetchall()]
+        their original message ids, leased to ``leases`` if given; return the new row ids."""
+        lease = None if leases is None else leases.lease
+        cur = conn.execute(self._answer_again, (lease, consumer, message_ids), prepare=True)
+        returned = cur.fetchall()
+        return [row[0] for row in returned] if leases is None else leases.add_written(returned)

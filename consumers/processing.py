@@ -336,8 +336,10 @@ class BatchProcessor:
         ]
         if not again:
             return
-        written = self.inbox.answer_again(conn, self.service.name, again)
-        self.outbox.written(conn, written)
+        leases = active_leases()
+        written = self.inbox.answer_again(conn, self.service.name, again, leases)
+        if leases is None:
+            self.outbox.written(conn, written)
         if written:
             logger.info(
                 "%s answered %d duplicate(s) again with %d kept reply(ies)",

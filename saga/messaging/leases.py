@@ -17,11 +17,12 @@ those its transaction's last statement still finds (see :mod:`saga.consumers.clo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 #: How long a consumer's rows are its own to publish, unless its options say otherwise.
@@ -52,6 +53,13 @@ class Leases:
     def __post_init__(self) -> None:
         if self.lease <= timedelta(0):
             raise ValueError(f"a publish lease must be positive, not {self.lease}")
+
+    def add_written(self, returned: Sequence[Sequence[Any]]) -> list[int]:
+        """Take rows a leased insert returned (id, message_id, destination, message_type,
+        body); return their ids."""
+        rows = [LeasedRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in returned]
+        self.written.extend(rows)
+        return [row.id for row in rows]
 
 
 _active: ContextVar[Leases | None] = ContextVar("saga_outbox_leases", default=None)

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from saga.db.sql import render, validate_name, validate_schema
 from saga.errors import ConfigurationError, MessageTooLarge
 from saga.messaging.envelope import Envelope
-from saga.messaging.leases import LeasedRow, Leases, active_leases
+from saga.messaging.leases import Leases, active_leases
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
 
@@ -312,9 +312,7 @@ class Outbox:
         """The ids an insert returned; rows it leased are handed to ``leases``."""
         if leases is None:
             return [row[0] for row in returned]
-        leased = [LeasedRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in returned]
-        leases.written.extend(leased)
-        return [row.id for row in leased]
+        return leases.add_written(returned)
 
     def _params(self, message: OutgoingMessage) -> OutboxRow:
         destination = message.destination
