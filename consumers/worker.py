@@ -359,8 +359,9 @@ class Worker:
         """Publish the rows this batch wrote, leased to this worker: no transaction.
 
         The published ones are deleted in bulk later (:meth:`_delete_published`, or the
-        next batch's closing statement); the others stay leased until the lease ends,
-        and a relay publishes them then.
+        next batch's closing statement). Rows the broker refused, or all of them when the
+        publish broke off, are handed to the relays at once (their lease released); were
+        that impossible too, the relays take them when the lease ends.
         """
         publisher = self._publisher
         assert publisher is not None
@@ -370,8 +371,14 @@ class Worker:
             for r in leases.written
         ]
         leases.written.clear()
-        outcome = publisher.publish(rows, committed_at)
+        try:
+            outcome = publisher.publish(rows, committed_at)
+        except self._transient_errors():
+            self._release([row.id for row in rows])
+            raise
         leases.published += outcome.published
+        if outcome.failed:
+            self._release(list(outcome.failed))
         if outcome.unrouted:
             db = self._db
             assert db is not None
@@ -379,6 +386,16 @@ class Worker:
                 self._events.count_unrouted(db, outcome.unrouted)
             if self._metrics is not None:
                 self._metrics.count_unrouted(outcome.unrouted)
+
+    def _release(self, ids: list[int]) -> None:
+        """Leave rows this worker could not publish to the relays now (best effort)."""
+        db = self._db
+        try:
+            assert db is not None
+            with db.transaction():
+                self._relay_store.release(db, ids)
+        except psycopg.Error:  # the relays take them when their lease ends
+            logger.debug("releasing %d leased row(s) failed", len(ids), exc_info=True)
 
     def _delete_published(self) -> None:
         """Delete the rows published after earlier commits, all at once (when idle)."""

@@ -7,9 +7,10 @@ commits, with no second transaction: while :func:`leasing` is active, every mess
 keeps the relays off it: they take a row only once its ``deliver_after`` has passed.
 The insert hands back the rows it wrote (:attr:`Leases.written`); the consumer publishes
 them after its commit and lists them in :attr:`Leases.published`, and deletes those in
-bulk later (in its next transaction, or when it is idle). A consumer that dies, or a
-publish that fails, leaves its rows to the relays once the lease has lapsed: published
-then, or published again (consumers deduplicate).
+bulk later (in its next transaction, or when it is idle). Rows it fails to publish it
+hands to the relays at once (their lease released); a consumer that dies leaves its
+rows to the relays once the lease has lapsed: published then, or published again
+(consumers deduplicate).
 
 Rows written in a savepoint that rolls back are gathered too; the consumer keeps only
 those its transaction's last statement still finds (see :mod:`saga.consumers.closing`).
@@ -26,7 +27,7 @@ from typing import Any
 from uuid import UUID
 
 #: How long a consumer's rows are its own to publish, unless its options say otherwise.
-DEFAULT_LEASE = timedelta(seconds=10)
+DEFAULT_LEASE = timedelta(seconds=5)
 
 
 @dataclass(frozen=True, slots=True)

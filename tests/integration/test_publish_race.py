@@ -18,11 +18,13 @@ from saga.messaging.envelope import Envelope
 from saga.outbox_relay import Relay, RelayOptions
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
+from tests.support.events import Announce, announcer
 from tests.support.holds import Hold
 from tests.support.running import in_thread, running_service
 from tests.support.services import EFFECTS_DDL, Hop, Ping, service
 from tests.support.wait import wait_until
 
+JSON = "application/json"
 CHAINS = 40
 HOPS = 25
 
@@ -123,3 +125,28 @@ def test_a_relay_publishes_the_rows_of_a_consumer_that_died_once_their_lease_lap
     replies = rabbit.receive("replies", 2, timeout=2)
     assert [json.loads(m.body)["payload"]["key"] for m in replies] == ["orphan"]
     assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+
+
+def test_a_row_the_broker_refuses_goes_to_the_relays_at_once_not_when_its_lease_ends(
+    db: TestDatabase, redis_url: str
+) -> None:
+    """Redis carries no events: the consumer's publish of the announcer's event fails, and
+    it gives the row up to the relays there and then (a relay dead-letters it), although
+    its lease would hold for ten minutes."""
+    db.execute(EFFECTS_DDL)
+    broker = TestBroker(redis_url, "redis", accepts_message_loss=True)
+    try:
+        with running_service(announcer, db, broker, publish_lease=600.0) as runner:
+            broker.publish_raw(announcer.name, Envelope.wrap(Announce(key="a1")).to_bytes(), JSON)
+            wait_until(lambda: runner.counts[Outcome.HANDLED] == 1, what="the command handled")
+            wait_until(
+                lambda: (
+                    db.scalar("SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL") == 1
+                ),
+                what="the refused event's row given up to the relays",
+            )
+        with Relay(db.url, broker.config, RelayOptions(), broker.topology) as relay:
+            report = relay.relay_batch()
+        assert (report.claimed, report.quarantined) == (1, 1)
+    finally:
+        broker.cleanup()
