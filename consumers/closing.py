@@ -70,7 +70,8 @@ class Closing:
             params += values
             selects.append(_WRITTEN)
         if replies:
-            query, values = self.inbox.replies_kept(consumer, replies)
+            bodies = {row[0]: row[4] for row in rows}  # a reply is one of the rows, mostly
+            query, values = self.inbox.replies_kept(consumer, replies, bodies)
             ctes.append(f"kept AS ({query})")
             params += values
         if earlier:

@@ -8,7 +8,7 @@ was not lost after all arrives twice and is skipped by the saga's own inbox.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -23,25 +23,32 @@ from saga.messaging.outbox import OutgoingMessage
 #: the new forward commands and which of their steps are closed (a function of the schema:
 #: it reads in a snapshot taken after the locks are granted; see 0017_lone_delivery.sql).
 #: Rows of (message id, None) for each message not processed before, (None, step key) for
-#: each closed step.
+#: each closed step. A batch sends its ids and keys as arrays; a delivery alone sends
+#: plain values (dumping arrays costs the client more than the statement).
 _OPEN = """
 WITH fresh AS (
-    INSERT INTO {schema}.inbox (consumer, message_id)
-    SELECT %(consumer)s, unnest(%(ids)b::uuid[])
+    INSERT INTO {{schema}}.inbox (consumer, message_id)
+    {rows}
     ON CONFLICT DO NOTHING
     RETURNING message_id
 )
 SELECT message_id, NULL::text FROM fresh
 UNION ALL
-SELECT NULL::uuid, closed FROM {schema}.closed_steps_locked(
-    ARRAY(
+SELECT NULL::uuid, closed FROM {{schema}}.closed_steps_locked(ARRAY({keys}), %(seed)s) AS closed
+"""
+
+_OPEN_MANY = _OPEN.format(
+    rows="SELECT %(consumer)s, unnest(%(ids)b::uuid[])",
+    keys="""
         SELECT d.step_key FROM unnest(%(ids)b::uuid[], %(keys)b::text[]) AS d(message_id, step_key)
         JOIN fresh USING (message_id)
-        WHERE d.step_key IS NOT NULL
-    ),
-    %(seed)s
-) AS closed
-"""
+        WHERE d.step_key IS NOT NULL""",
+)
+
+_OPEN_ONE = _OPEN.format(
+    rows="VALUES (%(consumer)s, %(id)s)",
+    keys="SELECT %(key)s::text FROM fresh WHERE %(key)s::text IS NOT NULL",
+)
 
 _FORGET = "DELETE FROM {schema}.inbox WHERE consumer = %s AND message_id = %s"
 
@@ -49,6 +56,13 @@ _KEEP_REPLIES = """
 INSERT INTO {schema}.inbox_replies
     (consumer, message_id, reply_id, destination, message_type, saga_id, body)
 SELECT %s, * FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[])
+ON CONFLICT DO NOTHING
+"""
+
+_KEEP_REPLY = """
+INSERT INTO {schema}.inbox_replies
+    (consumer, message_id, reply_id, destination, message_type, saga_id, body)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
 """
 
@@ -67,9 +81,11 @@ class Inbox:
     """Deduplication records, and the replies kept with them, on one schema."""
 
     def __init__(self, schema: str) -> None:
-        self._open = render(_OPEN, schema)
+        self._open_many = render(_OPEN_MANY, schema)
+        self._open_one = render(_OPEN_ONE, schema)
         self._forget = render(_FORGET, schema)
         self._keep_replies = render(_KEEP_REPLIES, schema)
+        self._keep_reply = render(_KEEP_REPLY, schema)
         self._answer_again = render(_ANSWER_AGAIN, schema)
 
     def open(
@@ -82,10 +98,16 @@ class Inbox:
         """Insert the inbox rows of ``message_ids`` (each with its forward command's step key,
         or None) in one statement; return the ids this consumer had not processed, and the
         step keys among theirs whose steps were closed. Holds those keys' shared locks."""
-        params = {"consumer": consumer, "ids": message_ids, "keys": step_keys, "seed": LOCK_SEED}
+        params: dict[str, Any] = {"consumer": consumer, "seed": LOCK_SEED}
+        if len(message_ids) == 1:
+            query = self._open_one
+            params.update(id=message_ids[0], key=step_keys[0])
+        else:
+            query = self._open_many
+            params.update(ids=message_ids, keys=step_keys)
         fresh: set[UUID] = set()
         closed: set[str] = set()
-        for message_id, key in conn.execute(self._open, params, prepare=True):
+        for message_id, key in conn.execute(query, params, prepare=True):
             if message_id is not None:
                 fresh.add(message_id)
             else:
@@ -97,24 +119,28 @@ class Inbox:
         conn.execute(self._forget, (consumer, message_id))
 
     def replies_kept(
-        self, consumer: str, replies: Sequence[tuple[UUID, OutgoingMessage]]
+        self,
+        consumer: str,
+        replies: Sequence[tuple[UUID, OutgoingMessage]],
+        bodies: Mapping[UUID, bytes],
     ) -> tuple[str, list[Any]]:
         """The statement keeping each (handled message id, reply it caused), and its
-        parameters (:mod:`saga.consumers.closing` runs it with the batch's outbox rows)."""
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
-        for message_id, reply in replies:
-            envelope = reply.envelope
-            row = (
+        parameters (:mod:`saga.consumers.closing` runs it with the batch's outbox rows).
+        ``bodies`` has the serialized replies already at hand, by message id."""
+        rows = [
+            (
                 message_id,
-                envelope.message_id,
+                reply.envelope.message_id,
                 reply.destination,
-                envelope.type,
-                envelope.saga_id,
-                envelope.to_bytes(),
+                reply.envelope.type,
+                reply.envelope.saga_id,
+                bodies.get(reply.envelope.message_id) or reply.envelope.to_bytes(),
             )
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-        return self._keep_replies, [consumer, *columns]
+            for message_id, reply in replies
+        ]
+        if len(rows) == 1:
+            return self._keep_reply, [consumer, *rows[0]]
+        return self._keep_replies, [consumer, *(list(column) for column in zip(*rows, strict=True))]
 
     def answer_again(
         self,

@@ -60,6 +60,14 @@ FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[])
 RETURNING id, message_id, destination, message_type, body
 """
 
+#: The same for one row, with plain values (dumping arrays costs the client more).
+_INSERT_LEASED_ONE = """
+INSERT INTO {schema}.outbox
+    (message_id, destination, message_type, saga_id, body, deliver_after)
+VALUES (%s, %s, %s, %s, %s, statement_timestamp() + %s::interval)
+RETURNING id, message_id, destination, message_type, body
+"""
+
 _WAKE = "SELECT pg_notify(%s, '')"
 
 #: One outbox row's values, in the order of the insert statements.
@@ -112,6 +120,7 @@ class Outbox:
         self._insert = render(_INSERT, self.schema)
         self._insert_many = render(_INSERT_MANY, self.schema)
         self._insert_leased = render(_INSERT_LEASED, self.schema)
+        self._insert_leased_one = render(_INSERT_LEASED_ONE, self.schema)
         self._channel = wake_channel(self.schema)
         self._last_wake = 0.0
         self._wake_lock = threading.Lock()
@@ -252,7 +261,9 @@ class Outbox:
     def leased_insert(self, rows: Sequence[OutboxRow], lease: timedelta) -> tuple[str, list[Any]]:
         """The statement inserting ``rows`` (none held back) leased for ``lease``, and its
         parameters; it returns :class:`~saga.messaging.leases.LeasedRow` columns."""
-        columns = list(zip(*rows, strict=True))[:5] if rows else [()] * 5
+        if len(rows) == 1:
+            return self._insert_leased_one, [*rows[0][:5], lease]
+        columns = list(zip(*rows, strict=True))[:5]
         return self._insert_leased, [lease, *(list(column) for column in columns)]
 
     def written(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
