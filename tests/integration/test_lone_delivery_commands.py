@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from bench.pgbench_script import Transaction
+from bench.lone_delivery import split
 from bench.statement_log import log_window, parse
 from saga.messaging.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.support.brokers import TestBroker
@@ -25,11 +25,6 @@ REPLIES = "lone-replies"
 #: The consumer's idle wake-up (when it deletes the rows it published) falls outside the
 #: counted window: the window closes as soon as the reply is on the broker.
 IDLE_POLL = 5.0
-
-
-def _framework(transaction: Transaction) -> list[str]:
-    """The statements of ``transaction`` other than the handler's own (its effect row)."""
-    return [s.sql for s in transaction.statements if "public.effects" not in s.sql]
 
 
 def test_a_lone_delivery_costs_at_most_four_framework_commands_and_none_to_publish(
@@ -51,12 +46,7 @@ def test_a_lone_delivery_costs_at_most_four_framework_commands_and_none_to_publi
     ):
         rabbit.publish_raw(service.name, command.to_bytes(), JSON)
         wait_until(lambda: rabbit.queue_depth(REPLIES) == 1, what="the reply published")
-    transactions = parse(lines)
-    delivery = [tx for tx in transactions if str(command.message_id) in tx.text()]
-    assert len(delivery) == 1, [tx.statements for tx in transactions]
-    after = transactions[transactions.index(delivery[0]) + 1 :]
-    commands = _framework(delivery[0])
-    publishing = [s.sql for tx in after for s in tx.statements]
-    counts = (len(commands), len(publishing))
-    assert counts[0] <= 4 and counts[1] == 0, (counts, commands, publishing)
-    assert commands[0] == "BEGIN" and commands[-1] == "COMMIT", commands
+    found = split(parse(lines), str(command.message_id), "public.effects")
+    counts = (len(found.transaction), len(found.publishing))
+    assert counts[0] <= 4 and counts[1] == 0, (counts, found)
+    assert found.transaction[0] == "BEGIN" and found.transaction[-1] == "COMMIT", found
