@@ -211,6 +211,8 @@ class BatchProcessor:
         self._scope = None
         self._in_batch = len(deliveries) > 1
         leases = active_leases()
+        if leases is not None:
+            leases.written.clear()  # what a transaction rolled back before this one leased
         with conn.transaction():
             if self._in_batch and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
