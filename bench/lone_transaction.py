@@ -1,13 +1,15 @@
-"""``python -m bench.lone_transaction``: what a delivery alone in its transaction costs, and
-what pipelining its statements would save.
+"""``python -m bench.lone_transaction``: what a delivery alone in its transaction costed, and
+what pipelining its statements would have saved.
 
-A participant's delivery handled alone is eleven commands of the framework around the
-handler's own: BEGIN, the inbox row, the shared step-key lock, the closed-steps read, a
-savepoint, (the handler), the outbox row, the kept reply, COMMIT; then the publish after
-commit: BEGIN, the outbox row taken, (the AMQP publish), COMMIT. This replays those
+Until 2026-12-03 a participant's delivery handled alone was eleven commands of the
+framework around the handler's own (four now, none to publish: ``bench.lone_delivery``
+counts them from the server's log): BEGIN, the inbox row, the shared step-key lock, the
+closed-steps read, a savepoint, (the handler), the outbox row, the kept reply, COMMIT;
+then the publish after commit: BEGIN, the outbox row taken, (the AMQP publish), COMMIT.
+This replays those
 statement shapes on tables of its own (no broker, no handler beyond one business
 update), one connection, and reads the client's and the server backend's CPU per
-transaction: once as the consumer sends them today (a round trip each), once with
+transaction: once as the consumer sent them (a round trip each), once with
 psycopg's pipeline mode (the same statements in four round trips). It also times single
 commands, to split a statement's cost between psycopg and the server. Results:
 ``bench/results/lone-transaction-latest.md`` (and ``.json``).

@@ -25,6 +25,7 @@ from bench import (
     ceiling,
     dashboard_latency,
     events,
+    lone_delivery,
     peer_celery,
     peer_dbos,
     pg_broker,
@@ -423,6 +424,17 @@ def _scaling(args: argparse.Namespace, figures: Figures) -> list[Row]:
     return rows
 
 
+def _lone_delivery(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """The framework commands PostgreSQL receives for a delivery that arrives alone."""
+    name = "framework commands of a lone delivery (server statement log)"
+    found, failed = _attempt("one delivery alone, statements logged", lone_delivery.measure)
+    if found is None:
+        return [(name, "not measured", failed)]
+    figures["lone_delivery_commands"] = found.commands
+    detail = f"{len(found.transaction)} in its transaction + {len(found.publishing)} to publish"
+    return [(name, str(found.commands), f"{detail}; target: at most 4 + 0")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=50_000, help="messages per measurement")
@@ -473,6 +485,11 @@ def main() -> None:
         help="measure the order saga with 1, 2 and 4 consumer processes per service and the "
         "capacity model's predictions alone (bench.scaling)",
     )
+    parser.add_argument(
+        "--only-lone-delivery",
+        action="store_true",
+        help="count the framework commands of a delivery alone (bench.lone_delivery) alone",
+    )
     args = parser.parse_args()
     partial = {
         "scaling": (args.only_scaling, _scaling),
@@ -481,6 +498,7 @@ def main() -> None:
         "sagas": (args.only_sagas, _sagas),
         "dashboard": (args.only_dashboard, _dashboard),
         "events": (args.only_events, _events),
+        "lone-delivery": (args.only_lone_delivery, _lone_delivery),
     }
     for name, (chosen, measure) in partial.items():
         if chosen:
@@ -530,6 +548,7 @@ def main() -> None:
     rows += _pg_broker(args, figures)
     rows += _events(args, figures)
     rows += _sagas(args, figures)
+    rows += _lone_delivery(args, figures)
     rows += _saga_sql(args, figures)
     rows += _dashboard(args, figures)
     _ratios(figures)

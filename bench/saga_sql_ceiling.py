@@ -36,24 +36,22 @@ with this SQL and this many sessions.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
 from bench._saga_app import Run, three_steps
 from bench.ceiling import PGBENCH
 from bench.environment import ADMIN_URL, ScratchDatabase
-from bench.pgbench_script import INT_ARRAY, UUID_PATTERN, Key, Statement, Transaction, script
+from bench.pgbench_script import INT_ARRAY, UUID_PATTERN, Key, Transaction, script
 from bench.saga_e2e import Bench, wait_until_finished
+from bench.statement_log import log_window, parse
 from bench.three_step_saga import ThreeStepBench
 from bench.workload import ACCOUNTS
 from saga.examples.order_saga import workload
@@ -68,12 +66,6 @@ PROBE_SAGAS_PER_CLIENT = 20
 CLIENTS = (16, 32, 48)
 
 Sweep = dict[str, float]
-
-_ENTRY = re.compile(
-    r"^.*?\[(?P<pid>\d+)\] (?:\S*@(?P<db>\S+) )?(?P<level>[A-Z]+):  (?P<message>.*)$"
-)
-_EXECUTE = re.compile(r"^(?:statement|execute [^:]+): (?P<sql>.*)$", re.DOTALL)
-_PARAM = re.compile(r"\$(?P<n>\d+) = (?:NULL|'(?P<value>(?:[^']|'')*)')", re.DOTALL)
 
 OUTBOX_IDS = """
 CREATE TABLE public.bench_outbox_ids (id bigint PRIMARY KEY, message_id uuid NOT NULL);
@@ -138,20 +130,6 @@ class Ceiling:
 # -- capture -----------------------------------------------------------------------------
 
 
-def server_log(conn: psycopg.Connection[Any]) -> Path:
-    """The file the server writes its log to, readable from here (same host)."""
-    row = conn.execute("SELECT pg_current_logfile(), current_setting('data_directory')").fetchone()
-    if row and row[0]:
-        path = Path(row[0]) if os.path.isabs(row[0]) else Path(row[1]) / row[0]
-    else:  # logging_collector off: the postmaster's stderr
-        pid_row = conn.execute("SELECT pg_read_file('postmaster.pid')").fetchone()
-        pid = int(str(pid_row[0]).split()[0]) if pid_row else 0
-        path = Path(os.readlink(f"/proc/{pid}/fd/2"))
-    if not os.access(path, os.R_OK):
-        raise RuntimeError(f"the server log {path} is not readable from this process")
-    return path
-
-
 def install_outbox_ids(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(OUTBOX_IDS)
@@ -162,70 +140,6 @@ def outbox_ids(url: str) -> dict[int, str]:
         rows = conn.execute("SELECT id, message_id::text FROM public.bench_outbox_ids").fetchall()
         conn.execute(DROP_OUTBOX_IDS)
     return {int(i): str(m) for i, m in rows}
-
-
-@contextmanager
-def log_window(databases: list[ScratchDatabase]) -> Iterator[list[str]]:
-    """Collects what the server logged for ``databases`` inside the block (lines appended)."""
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        path = server_log(conn)
-    start = path.stat().st_size
-    lines: list[str] = []
-    yield lines
-    with path.open("rb") as f:
-        f.seek(start)
-        text = f.read().decode(errors="replace")
-    names = {d.name for d in databases}
-    keep = False
-    for line in text.splitlines():
-        if line.startswith("\t"):
-            if keep:
-                lines.append(line)
-            continue
-        match = _ENTRY.match(line)
-        keep = bool(match and match["db"] in names)
-        if keep:
-            lines.append(line)
-
-
-def parse(lines: list[str]) -> list[Transaction]:
-    """Transactions, in the order they began, from log lines (continuations start with a tab)."""
-    entries: list[tuple[int, str, str, str]] = []
-    for line in lines:
-        if line.startswith("\t") and entries:
-            pid, db, level, message = entries[-1]
-            entries[-1] = (pid, db, level, f"{message}\n{line[1:]}")
-            continue
-        match = _ENTRY.match(line)
-        if match:
-            entries.append((int(match["pid"]), match["db"], match["level"], match["message"]))
-    done: list[Transaction] = []
-    open_: dict[int, Transaction] = {}
-    last: dict[int, Statement] = {}
-    for pid, db, level, message in entries:
-        if level == "DETAIL" and message.startswith("parameters: ") and pid in last:
-            params: dict[int, str | None] = {}
-            for m in _PARAM.finditer(message):
-                value = m["value"]
-                params[int(m["n"])] = None if value is None else value.replace("''", "'")
-            last[pid].params = [params.get(i + 1) for i in range(max(params, default=0))]
-            continue
-        executed = _EXECUTE.match(message) if level == "LOG" else None
-        if not executed:
-            continue
-        statement = Statement(executed["sql"].strip())
-        last[pid] = statement
-        word = statement.sql.split(None, 1)[0].upper().rstrip(";") if statement.sql else ""
-        if word in ("BEGIN", "START"):
-            open_[pid] = Transaction(db, pid, [statement])
-            done.append(open_[pid])
-        elif pid in open_:
-            open_[pid].statements.append(statement)
-            if word in ("COMMIT", "END", "ROLLBACK") and "TO" not in statement.sql.upper():
-                del open_[pid]
-        else:
-            done.append(Transaction(db, pid, [statement]))
-    return done
 
 
 def sagas_share(
@@ -350,7 +264,7 @@ def measure(
         start()
         wait_until_finished(home_url, timeout=60)
     time.sleep(SETTLE_S)
-    with log_window(list(databases.values())) as lines:
+    with log_window(ADMIN_URL, [d.name for d in databases.values()]) as lines:
         sessions = connections(list(databases.values()))
         saga_id = str(start())
         wait_until_finished(home_url, timeout=60)

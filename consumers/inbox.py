@@ -8,21 +8,47 @@ was not lost after all arrives twice and is skipped by the saga's own inbox.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
 from saga.db.sql import render
+from saga.handlers.closed_steps import LOCK_SEED
+from saga.messaging.leases import Leases
 from saga.messaging.outbox import OutgoingMessage
 
-_RECORD = """
-INSERT INTO {schema}.inbox (consumer, message_id)
-SELECT %s, unnest(%b::uuid[])
-ON CONFLICT DO NOTHING
-RETURNING message_id
+#: A delivery's opening, in one statement: the inbox rows, then the shared step-key locks of
+#: the new forward commands and which of their steps are closed (a function of the schema:
+#: it reads in a snapshot taken after the locks are granted; see 0017_lone_delivery.sql).
+#: Rows of (message id, None) for each message not processed before, (None, step key) for
+#: each closed step. A batch sends its ids and keys as arrays; a delivery alone sends
+#: plain values (dumping arrays costs the client more than the statement).
+_OPEN = """
+WITH fresh AS (
+    INSERT INTO {{schema}}.inbox (consumer, message_id)
+    {rows}
+    ON CONFLICT DO NOTHING
+    RETURNING message_id
+)
+SELECT message_id, NULL::text FROM fresh
+UNION ALL
+SELECT NULL::uuid, closed FROM {{schema}}.closed_steps_locked(ARRAY({keys}), %(seed)s) AS closed
 """
+
+_OPEN_MANY = _OPEN.format(
+    rows="SELECT %(consumer)s, unnest(%(ids)b::uuid[])",
+    keys="""
+        SELECT d.step_key FROM unnest(%(ids)b::uuid[], %(keys)b::text[]) AS d(message_id, step_key)
+        JOIN fresh USING (message_id)
+        WHERE d.step_key IS NOT NULL""",
+)
+
+_OPEN_ONE = _OPEN.format(
+    rows="VALUES (%(consumer)s, %(id)s)",
+    keys="SELECT %(key)s::text FROM fresh WHERE %(key)s::text IS NOT NULL",
+)
 
 _FORGET = "DELETE FROM {schema}.inbox WHERE consumer = %s AND message_id = %s"
 
@@ -33,11 +59,21 @@ SELECT %s, * FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::text[], %b::uui
 ON CONFLICT DO NOTHING
 """
 
+_KEEP_REPLY = """
+INSERT INTO {schema}.inbox_replies
+    (consumer, message_id, reply_id, destination, message_type, saga_id, body)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING
+"""
+
+#: Leased to the consumer (:mod:`saga.messaging.leases`) when given a lease, else ready
+#: for the relays at once (``now() + NULL`` is NULL).
 _ANSWER_AGAIN = """
-INSERT INTO {schema}.outbox (message_id, destination, message_type, saga_id, body)
-SELECT reply_id, destination, message_type, saga_id, body FROM {schema}.inbox_replies
+INSERT INTO {schema}.outbox (message_id, destination, message_type, saga_id, body, deliver_after)
+SELECT reply_id, destination, message_type, saga_id, body, statement_timestamp() + %s::interval
+FROM {schema}.inbox_replies
 WHERE consumer = %s AND message_id = ANY(%b::uuid[])
-RETURNING id
+RETURNING id, message_id, destination, message_type, body
 """
 
 
@@ -45,48 +81,77 @@ class Inbox:
     """Deduplication records, and the replies kept with them, on one schema."""
 
     def __init__(self, schema: str) -> None:
-        self._record = render(_RECORD, schema)
+        self._open_many = render(_OPEN_MANY, schema)
+        self._open_one = render(_OPEN_ONE, schema)
         self._forget = render(_FORGET, schema)
         self._keep_replies = render(_KEEP_REPLIES, schema)
+        self._keep_reply = render(_KEEP_REPLY, schema)
         self._answer_again = render(_ANSWER_AGAIN, schema)
 
-    def record(
-        self, conn: psycopg.Connection[Any], consumer: str, message_ids: list[UUID]
-    ) -> set[UUID]:
-        """Insert inbox rows in one statement; return the ids this consumer had not processed."""
-        cur = conn.execute(self._record, (consumer, message_ids), prepare=True)
-        return {row[0] for row in cur.fetchall()}
+    def open(
+        self,
+        conn: psycopg.Connection[Any],
+        consumer: str,
+        message_ids: list[UUID],
+        step_keys: list[str | None],
+    ) -> tuple[set[UUID], set[str]]:
+        """Insert the inbox rows of ``message_ids`` (each with its forward command's step key,
+        or None) in one statement; return the ids this consumer had not processed, and the
+        step keys among theirs whose steps were closed. Holds those keys' shared locks."""
+        params: dict[str, Any] = {"consumer": consumer, "seed": LOCK_SEED}
+        if len(message_ids) == 1:
+            query = self._open_one
+            params.update(id=message_ids[0], key=step_keys[0])
+        else:
+            query = self._open_many
+            params.update(ids=message_ids, keys=step_keys)
+        fresh: set[UUID] = set()
+        closed: set[str] = set()
+        for message_id, key in conn.execute(query, params, prepare=True):
+            if message_id is not None:
+                fresh.add(message_id)
+            else:
+                closed.add(key)
+        return fresh, closed
 
     def forget(self, conn: psycopg.Connection[Any], consumer: str, message_id: UUID) -> None:
         """Drop the row of a message that was not processed after all (retried or dead-lettered)."""
         conn.execute(self._forget, (consumer, message_id))
 
-    def keep_replies(
+    def replies_kept(
+        self,
+        consumer: str,
+        replies: Sequence[tuple[UUID, OutgoingMessage]],
+        bodies: Mapping[UUID, bytes],
+    ) -> tuple[str, list[Any]]:
+        """The statement keeping each (handled message id, reply it caused), and its
+        parameters (:mod:`saga.consumers.closing` runs it with the batch's outbox rows).
+        ``bodies`` has the serialized replies already at hand, by message id."""
+        rows = [
+            (
+                message_id,
+                reply.envelope.message_id,
+                reply.destination,
+                reply.envelope.type,
+                reply.envelope.saga_id,
+                bodies.get(reply.envelope.message_id) or reply.envelope.to_bytes(),
+            )
+            for message_id, reply in replies
+        ]
+        if len(rows) == 1:
+            return self._keep_reply, [consumer, *rows[0]]
+        return self._keep_replies, [consumer, *(list(column) for column in zip(*rows, strict=True))]
+
+    def answer_again(
         self,
         conn: psycopg.Connection[Any],
         consumer: str,
-        replies: Sequence[tuple[UUID, OutgoingMessage]],
-    ) -> None:
-        """Keep each (handled message id, reply it caused), all in one statement."""
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [])
-        for message_id, reply in replies:
-            envelope = reply.envelope
-            row = (
-                message_id,
-                envelope.message_id,
-                reply.destination,
-                envelope.type,
-                envelope.saga_id,
-                envelope.to_bytes(),
-            )
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-        conn.execute(self._keep_replies, (consumer, *columns), prepare=True)
-
-    def answer_again(
-        self, conn: psycopg.Connection[Any], consumer: str, message_ids: list[UUID]
+        message_ids: list[UUID],
+        leases: Leases | None,
     ) -> list[int]:
         """Write the kept replies to these (duplicate) messages to the outbox again, under
-        their original message ids; return the new outbox row ids."""
-        cur = conn.execute(self._answer_again, (consumer, message_ids), prepare=True)
-        return [row[0] for row in cur.fetchall()]
+        their original message ids, leased to ``leases`` if given; return the new row ids."""
+        lease = None if leases is None else leases.lease
+        cur = conn.execute(self._answer_again, (lease, consumer, message_ids), prepare=True)
+        returned = cur.fetchall()
+        return [row[0] for row in returned] if leases is None else leases.add_written(returned)

@@ -1,8 +1,9 @@
 """Handling a batch of deliveries in ONE database transaction.
 
 First the inbox rows ``(consumer, message_id)`` of the whole batch, in one
-statement: a message whose row was already there was processed before and is
-skipped. Then the handlers run on the open transaction, in segments of up to
+statement that also takes the forward commands' step-key locks and finds which of
+their steps are closed: a message whose row was already there was processed before
+and is skipped. Then the handlers run on the open transaction, in segments of up to
 :data:`SEGMENT` deliveries that share one savepoint: while no handler fails, that
 is one savepoint command per segment instead of one per delivery (where an
 OpenTelemetry SDK records spans, every delivery has a savepoint of its own, so
@@ -12,10 +13,15 @@ each in a savepoint of its own, the failed one goes down its failure path (its
 first try already failed: it is not run again for that), and the batch goes on.
 A message that ends up retried later or dead-lettered gets its inbox row removed
 again. The replies sent for the batch's handled messages are kept with their inbox
-rows (one statement, when there are any); a duplicate is answered again with the
-replies kept for it (one statement, when there are duplicates), so a saga whose
-reply a broker lost gets it when the saga is resumed. The caller commits once for
-the whole batch, then acknowledges.
+rows; a duplicate is answered again with the replies kept for it (one statement,
+when there are duplicates), so a saga whose reply a broker lost gets it when the saga
+is resumed. The batch's outbox rows, its kept replies and more go in one closing
+statement (:mod:`saga.consumers.closing`). The caller commits once for the whole
+batch, then acknowledges.
+
+A delivery alone in its transaction (the usual case below full load) runs with no
+savepoint: if its handler raises, the transaction rolls back and the delivery's
+failure path runs in a new one (:class:`~saga.errors.LoneDeliveryFailed`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import psycopg
 from pydantic import BaseModel
 
 from saga.broker.transport import DEFAULT_DELIVERY_LIMIT, delivery_count
+from saga.consumers.closing import Closing
 from saga.consumers.decoding import Decoded, decode
 from saga.consumers.failures import FailurePaths
 from saga.consumers.inbox import Inbox
@@ -42,6 +49,7 @@ from saga.errors import (
     BatchConflict,
     ConcurrentUpdate,
     ConfigurationError,
+    LoneDeliveryFailed,
     NeedsSavepoint,
     Rejection,
     SignatureRejected,
@@ -55,6 +63,7 @@ from saga.handlers.service import Service
 from saga.messaging.control import Ack
 from saga.messaging.dead_letters import DeadLetterStore
 from saga.messaging.envelope import COMMITTED_AT_HEADER, STEP_HEADER, Envelope
+from saga.messaging.leases import active_leases
 from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage
 from saga.messaging.signing import KeyRing
 from saga.observability import tracing
@@ -163,6 +172,7 @@ class BatchProcessor:
         self.outbox = outbox or Outbox(schema)
         self.inbox = Inbox(schema)
         self.closed_steps = ClosedSteps(schema)
+        self.closing = Closing(schema, self.outbox, self.inbox)
         self.dead_letters = DeadLetterStore(schema)
         self.failures = FailurePaths(
             service.name, self.outbox, self.inbox, self.dead_letters, self._keep
@@ -176,28 +186,58 @@ class BatchProcessor:
 
         Raises :class:`BatchConflict` when a handler hits a lock conflict in a batch of
         several: the caller then handles the deliveries one per transaction.
+
+        A delivery alone in its transaction runs with no savepoint: should its handler
+        fail, the whole transaction rolls back, and a new one takes its failure path
+        (the handler is not run again for that, as in a batch).
         """
+        checked = [self._check(delivery) for delivery in deliveries]
+        if len(deliveries) == 1 and not tracing.records_spans():
+            try:
+                return self._transaction(conn, deliveries, checked, alone=True)
+            except LoneDeliveryFailed as failed:
+                return self._transaction(conn, deliveries, checked, failed=failed)
+        return self._transaction(conn, deliveries, checked)
+
+    def _transaction(
+        self,
+        conn: psycopg.Connection[Any],
+        deliveries: Sequence[Delivery],
+        checked: list[Decoded | Rejection],
+        *,
+        alone: bool = False,
+        failed: LoneDeliveryFailed | None = None,
+    ) -> list[Outcome]:
+        """One transaction for ``deliveries``: alone (no savepoint, a failure rolls it all
+        back), or the failure path of the lone delivery that ``failed``, or a batch."""
         staged = self._staged = _Staged()
         self._scope = None
         self._in_batch = len(deliveries) > 1
-        checked = [self._check(delivery) for delivery in deliveries]
+        leases = active_leases()
+        if leases is not None:
+            leases.written.clear()  # what a transaction rolled back before this one leased
         with conn.transaction():
             if self._in_batch and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
-            staged.fresh = self._record_inbox(conn, checked)
+            staged.fresh, staged.closed = self._open(conn, checked)
             self._answer_duplicates(conn, checked, staged.fresh)
-            staged.closed = self._find_closed(conn, checked, staged.fresh)
             self._scope = self._open_scope(conn, checked, staged.fresh)
-            outcomes = self._handle_all(conn, list(zip(deliveries, checked, strict=True)))
+            items = list(zip(deliveries, checked, strict=True))
+            if failed is not None:
+                outcomes = [self._careful(conn, *items[0], first_try=failed.first_try)]
+            else:
+                outcomes = self._handle_all(conn, items, alone)
             if self._scope is not None:
                 with self._conflicts_end_the_batch():
                     self._scope.flush(conn)
-            self.outbox.insert_rows(conn, staged.rows)
-            if staged.replies:
-                self.inbox.keep_replies(conn, self.service.name, staged.replies)
+            deleted = self.closing.close(
+                conn, self.service.name, staged.rows, staged.replies, leases
+            )
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
+        if leases is not None:
+            del leases.published[:deleted]
         self._count(len(deliveries))
         return outcomes
 
@@ -210,12 +250,23 @@ class BatchProcessor:
     # -- segments ------------------------------------------------------------
 
     def _handle_all(
-        self, conn: psycopg.Connection[Any], items: list[tuple[Delivery, Decoded | Rejection]]
+        self,
+        conn: psycopg.Connection[Any],
+        items: list[tuple[Delivery, Decoded | Rejection]],
+        alone: bool,
     ) -> list[Outcome]:
         # Where spans are recorded, a delivery is never run twice: each message keeps
         # exactly one span.
         if tracing.records_spans():
             return [self._careful(conn, delivery, item) for delivery, item in items]
+        if alone:
+            delivery, item = items[0]
+            outcome = self._handle(conn, delivery, item, careful=False)
+            if isinstance(outcome, Outcome):
+                return [outcome]
+            # A handler that needed a savepoint to go on runs again with one; any other
+            # failure would have been the same with one: its first try is done.
+            raise LoneDeliveryFailed(None if isinstance(outcome, NeedsSavepoint) else outcome)
         outcomes: list[Outcome] = []
         while len(outcomes) < len(items):
             start = len(outcomes)
@@ -268,15 +319,19 @@ class BatchProcessor:
         except Rejection as rejection:
             return rejection
 
-    def _record_inbox(
+    def _open(
         self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection]
-    ) -> set[UUID]:
-        """Inbox rows for every decoded delivery at once; the ids not processed before."""
-        ids = [item.envelope.message_id for item in checked if isinstance(item, Decoded)]
-        if not ids:
-            return set()
-        with self._conflicts_end_the_batch():  # the same message in another open batch
-            return self.inbox.record(conn, self.service.name, ids)
+    ) -> tuple[set[UUID], set[str]]:
+        """Inbox rows for every decoded delivery, and the step-key locks of the forward
+        commands, in one statement: the ids not processed before, the closed step keys."""
+        envelopes = [item.envelope for item in checked if isinstance(item, Decoded)]
+        if not envelopes:
+            return set(), set()
+        ids = [envelope.message_id for envelope in envelopes]
+        keys = [envelope.step_key for envelope in envelopes]
+        # the same message in another open batch, or a compensation of the same step in flight
+        with self._conflicts_end_the_batch():
+            return self.inbox.open(conn, self.service.name, ids, keys)
 
     def _answer_duplicates(
         self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
@@ -289,8 +344,10 @@ class BatchProcessor:
         ]
         if not again:
             return
-        written = self.inbox.answer_again(conn, self.service.name, again)
-        self.outbox.written(conn, written)
+        leases = active_leases()
+        written = self.inbox.answer_again(conn, self.service.name, again, leases)
+        if leases is None:
+            self.outbox.written(conn, written)
         if written:
             logger.info(
                 "%s answered %d duplicate(s) again with %d kept reply(ies)",
@@ -315,22 +372,6 @@ class BatchProcessor:
         if len(envelopes) < 2:
             return None
         return writing.open(conn, envelopes)
-
-    def _find_closed(
-        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
-    ) -> set[str]:
-        """The step keys of this batch's new forward commands whose steps were compensated."""
-        keys = [
-            key
-            for item in checked
-            if isinstance(item, Decoded)
-            and item.envelope.message_id in fresh
-            and (key := item.envelope.step_key) is not None
-        ]
-        if not keys:
-            return set()
-        with self._conflicts_end_the_batch():  # a compensation of the same step in flight
-            return self.closed_steps.lock_and_find(conn, keys)
 
     def _careful(
         self,

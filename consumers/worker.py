@@ -44,18 +44,21 @@ from saga.consumers.processing import BatchProcessor, Delivery, Outcome
 from saga.consumers.stuck_sweep import StuckSweep
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
-from saga.effects.side_effects import DEFAULT_LEASE, SideEffects
+from saga.effects.side_effects import DEFAULT_LEASE as DEFAULT_SIDE_EFFECT_LEASE
+from saga.effects.side_effects import SideEffects
 from saga.errors import ConfigurationError, SagaError
 from saga.faults import fault_point
 from saga.handlers.service import Service
 from saga.messaging.control import ResumeSaga
 from saga.messaging.envelope import CONTENT_TYPE
 from saga.messaging.events import EventRecords
-from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES, collect_written
+from saga.messaging.leases import DEFAULT_LEASE, Leases, leasing
+from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES
 from saga.messaging.signing import KeyRing
 from saga.observability.logs import log_context
 from saga.observability.metrics import Metrics
 from saga.observability.redaction import password_of, redact_text, redact_url
+from saga.outbox_relay.claims import OutboxRow as RelayRow
 from saga.outbox_relay.claims import RelayStore
 from saga.outbox_relay.publisher import BatchPublisher
 
@@ -79,8 +82,11 @@ class ConsumerOptions:
     #: Publish the messages a batch wrote right after it commits (the relay remains the
     #: safety net for anything this misses); cuts a relay poll out of every hop's latency.
     publish_after_commit: bool = True
+    #: Seconds the messages a batch wrote stay leased to this consumer: the relays take
+    #: them only after that (when it died, or its publish failed).
+    publish_lease: float = DEFAULT_LEASE.total_seconds()
     #: How long a side-effect call may run before another attempt may take it over.
-    side_effect_lease: float = DEFAULT_LEASE.total_seconds()
+    side_effect_lease: float = DEFAULT_SIDE_EFFECT_LEASE.total_seconds()
     #: Quorum queues: deliveries of one message that may come back unsettled (its consumer
     #: died each time) before the next one is dead-lettered instead of handled.
     delivery_limit: int = DEFAULT_DELIVERY_LIMIT
@@ -94,6 +100,8 @@ class ConsumerOptions:
         validate_schema(self.schema)
         if self.concurrency < 1 or self.prefetch < 1:
             raise ValueError("concurrency and prefetch must be at least 1")
+        if self.publish_lease <= 0:
+            raise ValueError(f"publish_lease must be positive seconds, not {self.publish_lease}")
 
 
 class Worker:
@@ -147,6 +155,8 @@ class Worker:
         self._consumer: Consumer | None = None
         self._publisher: BatchPublisher | None = None
         self._relay_store = RelayStore(self.options.schema)
+        #: the rows this worker's batches write, leased to it to publish after each commit
+        self._leases = Leases(timedelta(seconds=self.options.publish_lease))
         self._events = EventRecords(self.options.schema)
         self._metrics = metrics
         self.stuck_sweep = _stuck_sweep(service, self.options)
@@ -243,6 +253,10 @@ class Worker:
             logger.info("%s no longer subscribes to %s: unbound", self.name, dropped)
 
     def _close(self) -> None:
+        try:
+            self._delete_published()
+        except psycopg.Error:  # gone with the connection: the relays take them once leases end
+            logger.debug("deleting published rows failed", exc_info=True)
         if self._publisher is not None:
             self._publisher.close()
             self._publisher = None
@@ -274,6 +288,7 @@ class Worker:
                 try:
                     conn.drain_events(timeout=self.options.poll_timeout)
                 except TimeoutError:
+                    self._delete_published()
                     continue
             self._take_waiting(conn)
             batch = self._buffer[: self.options.prefetch]
@@ -306,11 +321,11 @@ class Worker:
         db = self._db
         assert db is not None
         deliveries = [_delivery(m) for m in messages]
-        collecting: AbstractContextManager[list[int]] = (
-            collect_written() if self.options.publish_after_commit else nullcontext([])
+        leased: AbstractContextManager[Leases | None] = (
+            leasing(self._leases) if self.options.publish_after_commit else nullcontext()
         )
         try:
-            with collecting as written:
+            with leased:
                 outcomes = self.processor.process(db, deliveries)
             committed_at = time.time()
         except psycopg.OperationalError:
@@ -326,8 +341,8 @@ class Worker:
         self._ack(messages)
         fault_point("consumer.after_ack")
         self.counts.update(outcomes)
-        if written:
-            self._publish_own(db, written, committed_at)
+        if self.options.publish_after_commit and self._leases.written:
+            self._publish_own(committed_at)
 
     def _ack(self, messages: list[Message]) -> None:
         """Acknowledge a committed batch: one frame for all of it where the broker takes a
@@ -343,22 +358,57 @@ class Worker:
         for message in messages:
             message.ack()
 
-    def _publish_own(
-        self, db: psycopg.Connection[Any], ids: list[int], committed_at: float
-    ) -> None:
-        """Publish the rows this batch wrote, as a relay would; a relay takes any left over."""
+    def _publish_own(self, committed_at: float) -> None:
+        """Publish the rows this batch wrote, leased to this worker: no transaction.
+
+        The published ones are deleted in bulk later (:meth:`_delete_published`, or the
+        next batch's closing statement). Rows the broker refused, or all of them when the
+        publish broke off, are handed to the relays at once (their lease released); were
+        that impossible too, the relays take them when the lease ends.
+        """
         publisher = self._publisher
         assert publisher is not None
-        with db.transaction():
-            rows = self._relay_store.take_ids(db, ids)
-            if not rows:
-                return
+        leases = self._leases
+        rows = [
+            RelayRow(r.id, r.message_id, r.destination, r.message_type, r.body, 0)
+            for r in leases.written
+        ]
+        leases.written.clear()
+        try:
             outcome = publisher.publish(rows, committed_at)
-            if outcome.failed:
-                raise psycopg.Rollback()  # the relay publishes them (again) later
-            self._events.count_unrouted(db, outcome.unrouted)
-        if self._metrics is not None:
-            self._metrics.count_unrouted(outcome.unrouted)
+        except self._transient_errors():
+            self._release([row.id for row in rows])
+            raise
+        leases.published += outcome.published
+        if outcome.failed:
+            self._release(list(outcome.failed))
+        if outcome.unrouted:
+            db = self._db
+            assert db is not None
+            with db.transaction():
+                self._events.count_unrouted(db, outcome.unrouted)
+            if self._metrics is not None:
+                self._metrics.count_unrouted(outcome.unrouted)
+
+    def _release(self, ids: list[int]) -> None:
+        """Leave rows this worker could not publish to the relays now (best effort)."""
+        db = self._db
+        try:
+            assert db is not None
+            with db.transaction():
+                self._relay_store.release(db, ids)
+        except psycopg.Error:  # the relays take them when their lease ends
+            logger.debug("releasing %d leased row(s) failed", len(ids), exc_info=True)
+
+    def _delete_published(self) -> None:
+        """Delete the rows published after earlier commits, all at once (when idle)."""
+        published = self._leases.published
+        db = self._db
+        if not published or db is None:
+            return
+        with db.transaction():
+            self._relay_store.delete(db, published)
+        published.clear()
 
     def _single_failed(
         self, db: psycopg.Connection[Any], message: Message, delivery: Delivery, exc: Exception

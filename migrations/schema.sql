@@ -272,3 +272,13 @@ CREATE TABLE early_events (
     PRIMARY KEY (message_type, correlation_key, message_id)
 );
 CREATE INDEX early_events_received_at ON early_events USING brin (received_at);
+
+-- A delivery's opening in one statement (see 0017_lone_delivery.sql): the closed steps
+-- among ``keys``, read in a fresh snapshot after their shared step-key locks are granted.
+CREATE FUNCTION closed_steps_locked(keys text[], seed bigint) RETURNS SETOF text
+LANGUAGE sql VOLATILE
+BEGIN ATOMIC
+    SELECT count(pg_advisory_xact_lock_shared(hashtextextended(k, seed)))
+    FROM (SELECT DISTINCT unnest(keys) AS k ORDER BY 1) AS ordered;
+    SELECT step_key FROM closed_steps WHERE step_key = ANY(keys);
+END;

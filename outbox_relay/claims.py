@@ -39,6 +39,13 @@ RETURNING id, message_id, destination, message_type, body, attempts
 
 _DELETE = f"DELETE FROM {{schema}}.outbox WHERE id = ANY(%b::bigint[]) AND {_ASYNC_COMMIT}"
 
+#: A consumer gives up the rows leased to it (saga.messaging.leases) that it could not
+#: publish: ready for the relays at once rather than when the lease ends.
+_RELEASE = """
+UPDATE {schema}.outbox SET deliver_after = NULL
+WHERE id = ANY(%b::bigint[]) AND deliver_after IS NOT NULL
+"""
+
 _DEFER = """
 UPDATE {schema}.outbox
 SET attempts = attempts + 1, last_error = %s, deliver_after = now() + %s::interval
@@ -91,6 +98,7 @@ class RelayStore:
         self._take_ids = render(_TAKE_IDS, schema)
         self._delete = render(_DELETE, schema)
         self._defer = render(_DEFER, schema)
+        self._release = render(_RELEASE, schema)
         self._quarantine = render(_QUARANTINE, schema)
         self._promote = render(_PROMOTE_DUE, schema)
 
@@ -113,6 +121,11 @@ class RelayStore:
         """Delete published rows; the transaction's commit then does not wait for the disk."""
         if ids:
             conn.execute(self._delete, (ids,), prepare=True)
+
+    def release(self, conn: psycopg.Connection[Any], ids: list[int]) -> None:
+        """Make rows leased to a consumer ready for the relays now."""
+        if ids:
+            conn.execute(self._release, (ids,))
 
     def defer(
         self, conn: psycopg.Connection[Any], row_id: int, error: str, delay: timedelta

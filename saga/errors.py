@@ -148,6 +148,19 @@ class BatchConflict(SagaError):
     """
 
 
+class LoneDeliveryFailed(SagaError):
+    """The handler of a delivery alone in its transaction (no savepoint) failed.
+
+    The consumer runtime rolls the whole transaction back and takes the delivery's
+    failure path in a new one; ``first_try`` is the handler's error (None: run it again
+    with a savepoint, see :class:`NeedsSavepoint`).
+    """
+
+    def __init__(self, first_try: Exception | None) -> None:
+        super().__init__(f"a lone delivery's handler failed: {first_try!r}")
+        self.first_try = first_try
+
+
 class NeedsSavepoint(SagaError):
     """A local step failed in a delivery handled without a savepoint of its own.
 

@@ -27,6 +27,7 @@ from saga.cli.common import (
     topology,
 )
 from saga.cli.text import foreign
+from saga.messaging.leases import DEFAULT_LEASE
 
 
 def consume(
@@ -50,6 +51,16 @@ def consume(
             "safety net); off: the relays publish everything."
         ),
     ] = True,
+    publish_lease: Annotated[
+        float,
+        typer.Option(
+            help="Seconds the messages a batch wrote stay leased to this consumer, to publish "
+            "after its commit; a relay takes them only once the lease has lapsed (the "
+            "consumer died, or its publish failed). Env: SAGA_PUBLISH_LEASE.",
+            envvar="SAGA_PUBLISH_LEASE",
+            min=0.001,
+        ),
+    ] = DEFAULT_LEASE.total_seconds(),
     resume_stuck_after: Annotated[
         str | None,
         typer.Option(
@@ -107,6 +118,7 @@ def consume(
             signing=settings.key_ring(),
             side_effect_lease=settings.side_effect_lease,
             publish_after_commit=publish_after_commit,
+            publish_lease=publish_lease,
             delivery_limit=settings.delivery_limit,
             database=settings.database_access(),
             resume_stuck_after=stuck_after,

@@ -8,7 +8,9 @@ Both sides take a transaction-level advisory lock on the step key (the forward
 command shared, the compensation exclusive), so a compensation that arrives while
 its command is being handled waits for that transaction and then sees, and undoes,
 what it wrote; and a command that arrives while its compensation is being handled
-waits, then finds the step closed.
+waits, then finds the step closed. The command's shared lock is taken, and its step
+looked up in a fresh snapshot once the lock is granted, in the consumer's opening
+statement (:mod:`saga.consumers.inbox`, the schema's ``closed_steps_locked`` function).
 """
 
 from __future__ import annotations
@@ -21,12 +23,7 @@ import psycopg
 from saga.db.sql import render
 
 #: Seed of the advisory-lock hash: keeps step-key locks apart from other advisory locks.
-_LOCK_SEED = 0x5A6A_C105
-
-_LOCK_SHARED = """
-SELECT count(pg_advisory_xact_lock_shared(hashtextextended(k, %s)))
-FROM (SELECT DISTINCT unnest(%b::text[]) AS k ORDER BY 1) AS keys
-"""
+LOCK_SEED = 0x5A6A_C105
 
 _FIND = "SELECT step_key, closed_at FROM {schema}.closed_steps WHERE step_key = ANY(%b::text[])"
 
@@ -45,19 +42,10 @@ class ClosedSteps:
         self._find = render(_FIND, schema)
         self._close = render(_CLOSE, schema)
 
-    def lock_and_find(self, conn: psycopg.Connection[Any], keys: list[str]) -> set[str]:
-        """Of ``keys`` (forward commands about to run), the closed ones; holds their locks.
-
-        Two statements: the second reads after the locks are granted, so it sees a
-        compensation that committed while this transaction waited for it.
-        """
-        conn.execute(_LOCK_SHARED, (_LOCK_SEED, keys), prepare=True)
-        return set(self.find(conn, keys))
-
     def find(self, conn: psycopg.Connection[Any], keys: list[str]) -> dict[str, datetime]:
         """Of ``keys``, the closed ones, with when each was closed."""
         return dict(conn.execute(self._find, (keys,), prepare=True).fetchall())
 
     def close(self, conn: psycopg.Connection[Any], consumer: str, key: str) -> None:
         """Record ``key`` closed, after any open transaction running its command."""
-        conn.execute(self._close, {"key": key, "seed": _LOCK_SEED, "consumer": consumer})
+        conn.execute(self._close, {"key": key, "seed": LOCK_SEED, "consumer": consumer})

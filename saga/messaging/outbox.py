@@ -6,15 +6,15 @@ relay (``saga relay``) later publishes the row and deletes it.
 ``Outbox.add_async`` is the same write on a ``psycopg.AsyncConnection``.
 ``Outbox.publish`` (and ``publish_async``) writes an event: a row with no
 destination, which the relay publishes to every service subscribing to its type.
+Inside a consumer's transaction the rows for now are leased to the consumer instead,
+which publishes them itself right after its commit (:mod:`saga.messaging.leases`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from saga.db.sql import render, validate_name, validate_schema
 from saga.errors import ConfigurationError, MessageTooLarge
 from saga.messaging.envelope import Envelope
+from saga.messaging.leases import Leases, active_leases
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
 
@@ -48,31 +49,31 @@ FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[], %b::tim
 RETURNING id
 """
 
+#: Rows leased to their writer (:mod:`saga.messaging.leases`): the relays leave them alone
+#: until the lease ends; the insert hands back what publishing them takes.
+_INSERT_LEASED = """
+INSERT INTO {schema}.outbox
+    (message_id, destination, message_type, saga_id, body, deliver_after)
+SELECT message_id, destination, message_type, saga_id, body, statement_timestamp() + %s::interval
+FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[])
+    AS v(message_id, destination, message_type, saga_id, body)
+RETURNING id, message_id, destination, message_type, body
+"""
+
+#: The same for one row, with plain values (dumping arrays costs the client more).
+_INSERT_LEASED_ONE = """
+INSERT INTO {schema}.outbox
+    (message_id, destination, message_type, saga_id, body, deliver_after)
+VALUES (%s, %s, %s, %s, %s, statement_timestamp() + %s::interval)
+RETURNING id, message_id, destination, message_type, body
+"""
+
 _WAKE = "SELECT pg_notify(%s, '')"
 
 #: One outbox row's values, in the order of the insert statements.
 OutboxRow = tuple[Any, ...]
 
 Delay = datetime | timedelta | None
-
-_collected: ContextVar[list[int] | None] = ContextVar("saga_outbox_collected", default=None)
-
-
-@contextmanager
-def collect_written() -> Iterator[list[int]]:
-    """Gather the ids of the outbox rows written in this context (thread or task).
-
-    A consumer publishes those rows itself right after its transaction commits,
-    so writes made while collecting do not wake the relays (they stay the safety
-    net, polling). Ids of rows whose savepoint rolled back are gathered too; they
-    simply never turn up.
-    """
-    ids: list[int] = []
-    token = _collected.set(ids)
-    try:
-        yield ids
-    finally:
-        _collected.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,8 @@ class Outbox:
         self.wake_interval = wake_interval
         self._insert = render(_INSERT, self.schema)
         self._insert_many = render(_INSERT_MANY, self.schema)
+        self._insert_leased = render(_INSERT_LEASED, self.schema)
+        self._insert_leased_one = render(_INSERT_LEASED_ONE, self.schema)
         self._channel = wake_channel(self.schema)
         self._last_wake = 0.0
         self._wake_lock = threading.Lock()
@@ -234,10 +237,9 @@ class Outbox:
     def add_many(
         self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]
     ) -> list[int]:
-        """Insert several messages in one statement (same rules as :meth:`add`).
-
-        Returns the outbox row ids (see :func:`collect_written`).
-        """
+        """Insert several messages in one statement (same rules as :meth:`add`); return
+        their outbox row ids. While :func:`~saga.messaging.leases.leasing`, the messages
+        for now are leased to the writer (and a message held back is written apart)."""
         return self.insert_rows(conn, self.rows(messages))
 
     def rows(self, messages: Sequence[OutgoingMessage]) -> list[OutboxRow]:
@@ -246,29 +248,40 @@ class Outbox:
         return [self._params(m) for m in messages]
 
     def insert_rows(self, conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> list[int]:
-        """Insert rows made by :meth:`rows` in one statement; return their ids."""
-        if not rows:
-            return []
-        ids = [row[0] for row in conn.execute(*self._statement(rows), prepare=True)]
-        self.written(conn, ids)
+        """Insert rows made by :meth:`rows`; return their ids."""
+        leases = active_leases()
+        ids: list[int] = []
+        for query, params, leased in self._statements(rows, leases):
+            returned = conn.execute(query, params, prepare=True).fetchall()
+            ids += self._returned(returned, leases if leased else None)
+        if leases is None:
+            self.written(conn, ids)
         return ids
 
+    def leased_insert(self, rows: Sequence[OutboxRow], lease: timedelta) -> tuple[str, list[Any]]:
+        """The statement inserting ``rows`` (none held back) leased for ``lease``, and its
+        parameters; it returns :class:`~saga.messaging.leases.LeasedRow` columns."""
+        if len(rows) == 1:
+            return self._insert_leased_one, [*rows[0][:5], lease]
+        columns = list(zip(*rows, strict=True))[:5]
+        return self._insert_leased, [lease, *(list(column) for column in columns)]
+
     def written(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
-        """Announce outbox rows just written on ``conn`` by other means than :meth:`add`:
-        gathered for :func:`collect_written`, or else a (debounced) wake-up for relays."""
-        if self._wake_due(ids):
+        """Announce outbox rows just written on ``conn`` by other means than :meth:`add`
+        (never leased): a (debounced) wake-up for relays."""
+        if ids and self._should_wake():
             conn.execute(_WAKE, (self._channel,))
 
     async def add_many_async(
         self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]
     ) -> list[int]:
         """:meth:`add_many` on an :class:`psycopg.AsyncConnection`: the same statements."""
-        rows = self.rows(messages)
-        if not rows:
-            return []
-        cur = await conn.execute(*self._statement(rows), prepare=True)
-        ids = [row[0] for row in await cur.fetchall()]
-        if self._wake_due(ids):
+        leases = active_leases()
+        ids: list[int] = []
+        for query, params, leased in self._statements(self.rows(messages), leases):
+            cur = await conn.execute(query, params, prepare=True)
+            ids += self._returned(await cur.fetchall(), leases if leased else None)
+        if ids and leases is None and self._should_wake():  # as :meth:`written`
             await conn.execute(_WAKE, (self._channel,))
         return ids
 
@@ -284,22 +297,33 @@ class Outbox:
         )
         return OutgoingMessage(envelope, destination, deliver_after)
 
-    def _statement(self, rows: Sequence[OutboxRow]) -> tuple[str, Sequence[Any]]:
-        """The insert for ``rows``: a plain prepared one for a single row (the usual case
-        for an app's write), else one multi-row statement with a column per array."""
-        if len(rows) == 1:
-            return self._insert, rows[0]
-        return self._insert_many, [list(column) for column in zip(*rows, strict=True)]
+    def _statements(
+        self, rows: Sequence[OutboxRow], leases: Leases | None
+    ) -> list[tuple[str, Sequence[Any], bool]]:
+        """The inserts for ``rows``: (query, parameters, leased). Unleased: one statement, a
+        plain prepared one for a single row (the usual case for an app's write), else one
+        multi-row statement with a column per array. Leased: the rows for now in one
+        leased statement, those held back apart."""
+        if not rows:
+            return []
+        now = [] if leases is None else [r for r in rows if not held_back(r)]
+        later = rows if leases is None else [r for r in rows if held_back(r)]
+        statements: list[tuple[str, Sequence[Any], bool]] = []
+        if len(later) == 1:
+            statements.append((self._insert, later[0], False))
+        elif later:
+            columns = [list(column) for column in zip(*later, strict=True)]
+            statements.append((self._insert_many, columns, False))
+        if now:
+            assert leases is not None
+            statements.append((*self.leased_insert(now, leases.lease), True))
+        return statements
 
-    def _wake_due(self, ids: Sequence[int]) -> bool:
-        """Hand ``ids`` to :func:`collect_written`, or say whether to wake the relays now."""
-        if not ids:
-            return False
-        collector = _collected.get()
-        if collector is not None:
-            collector.extend(ids)
-            return False
-        return self._should_wake()
+    def _returned(self, returned: list[tuple[Any, ...]], leases: Leases | None) -> list[int]:
+        """The ids an insert returned; rows it leased are handed to ``leases``."""
+        if leases is None:
+            return [row[0] for row in returned]
+        return leases.add_written(returned)
 
     def _params(self, message: OutgoingMessage) -> OutboxRow:
         destination = message.destination
@@ -333,3 +357,8 @@ class Outbox:
                 return False
             self._last_wake = now
             return True
+
+
+def held_back(row: OutboxRow) -> bool:
+    """Whether ``row`` waits for a ``deliver_after`` (an instant or a delay)."""
+    return row[5] is not None or row[6] is not None

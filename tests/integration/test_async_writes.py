@@ -21,7 +21,8 @@ from pydantic import BaseModel
 from saga import Outbox
 from saga.errors import IdempotencyKeyReused, NotCancellable, SignalRejected, UnknownSaga
 from saga.messaging.envelope import Envelope
-from saga.messaging.outbox import OutgoingMessage, collect_written
+from saga.messaging.leases import Leases, leasing
+from saga.messaging.outbox import OutgoingMessage
 from saga.operations.resume import SagaResumer
 from tests.support import loans
 from tests.support.brokers import TestBroker
@@ -83,20 +84,21 @@ def test_add_async_is_undone_with_the_callers_transaction(db: TestDatabase) -> N
     assert outbox_rows(db) == []
 
 
-def test_add_async_hands_its_rows_to_collect_written_like_add(db: TestDatabase) -> None:
+def test_add_async_leases_its_rows_to_the_writer_like_add(db: TestDatabase) -> None:
     outbox = Outbox(wake_interval=0.0)
     two = [OutgoingMessage(Envelope.wrap(Note(text=t)), "notes") for t in ("x", "y")]
+    leases = Leases()
 
-    async def write(conn: psycopg.AsyncConnection[Any]) -> list[int]:
-        with collect_written() as collected:
+    async def write(conn: psycopg.AsyncConnection[Any]) -> None:
+        with leasing(leases):
             await outbox.add_async(conn, Note(text="one"), destination="notes")
             await outbox.add_many_async(conn, two)
-        return collected
 
-    collected: list[int] = []
-    assert wake_hints(db, lambda: collected.extend(in_async_tx(db, write))) == 0
-    assert collected == [r[0] for r in outbox_rows(db)]
-    assert len(collected) == 3
+    assert wake_hints(db, lambda: in_async_tx(db, write)) == 0
+    assert [row.id for row in leases.written] == [r[0] for r in outbox_rows(db)]
+    assert [row.body for row in leases.written][1:] == [m.envelope.to_bytes() for m in two]
+    # leased: the relays leave them alone until the lease ends
+    assert db.scalar("SELECT count(*) FROM saga.outbox WHERE deliver_after > now()") == 3
 
 
 def test_add_async_wakes_the_relays_once_per_interval(db: TestDatabase) -> None:

@@ -22,7 +22,7 @@ from saga.errors import BatchConflict
 from saga.handlers.retry import RetryPolicy
 from saga.messaging.control import Signal
 from saga.messaging.envelope import Envelope
-from saga.messaging.outbox import collect_written
+from saga.messaging.leases import Leases, leasing
 from tests.support.databases import TestDatabase
 from tests.support.services import EFFECTS_DDL
 
@@ -115,7 +115,7 @@ def _statuses(db: TestDatabase) -> dict[str, tuple[str, str | None]]:
 def _handle(db: TestDatabase, deliveries: list[Delivery]) -> tuple[list[Outcome], int]:
     """Handle ``deliveries`` as one batch of the orchestrator; outcomes, statements sent."""
     # As the worker does: the rows it wrote are published after the commit, no relay woken.
-    with psycopg.connect(db.url, cursor_factory=CountingCursor) as conn, collect_written():
+    with psycopg.connect(db.url, cursor_factory=CountingCursor) as conn, leasing(Leases()):
         CountingCursor.sent = 0
         outcomes = BatchProcessor(registry.as_service()).process(conn, deliveries)
         return outcomes, CountingCursor.sent
@@ -155,7 +155,7 @@ def test_one_delivery_alone_is_written_directly(db: TestDatabase) -> None:
     outcomes, statements = _handle(db, [reply])
     assert outcomes == [Outcome.HANDLED]
     assert _statuses(db) == {"alone": ("running", "approve")}
-    assert statements == 6  # inbox, savepoint, read, save, log, timer: nothing shared
+    assert statements == 5  # inbox, read, save, log, timer: no savepoint, nothing shared
 
 
 def test_a_failing_local_step_spoils_only_its_own_saga(db: TestDatabase) -> None:

@@ -8,9 +8,11 @@ import pytest
 from pydantic import BaseModel
 
 from saga import RetryPolicy, Service
+from saga.consumers import ConsumerOptions
 from saga.consumers.decoding import decode
 from saga.errors import ConfigurationError, Rejection, StepFailed
 from saga.messaging.envelope import Envelope
+from saga.messaging.leases import Leases
 
 
 class Cmd(BaseModel):
@@ -130,3 +132,11 @@ def test_retries_after_a_failed_first_try_make_up_the_rest_of_the_attempts() -> 
     with pytest.raises(RuntimeError):
         RetryPolicy(immediate_attempts=4, immediate_initial_wait=0.0).retries()(fail)
     assert calls == 3
+
+
+def test_a_publish_lease_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="publish_lease must be positive seconds, not 0"):
+        ConsumerOptions(publish_lease=0)
+    with pytest.raises(ValueError, match="a publish lease must be positive"):
+        Leases(timedelta(seconds=-1))
+    assert ConsumerOptions().publish_lease == Leases().lease.total_seconds() == 5.0

@@ -1,0 +1,92 @@
+"""The last statement of a consumer's transaction: everything the batch still has to write.
+
+One statement, whatever the batch holds (writable CTEs): the outbox rows its handlers
+sent, leased to this consumer (:mod:`saga.messaging.leases`); the replies kept with
+their inbox rows; which of the rows leased earlier in the transaction are still there
+(a savepoint that rolled back took its rows with it, and they must not be published);
+and the deletion of the rows this consumer published after earlier commits. Run at the
+top level of the transaction, after every savepoint, so nothing it writes rolls back
+short of the whole transaction.
+
+Without leases (the consumer leaves publishing to the relays), the rows are written as
+an application writes them, and the relays are woken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from saga.consumers.inbox import Inbox
+from saga.db.sql import render
+from saga.messaging.leases import Leases
+from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage, held_back
+
+_CONFIRM = "SELECT id FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
+
+_DELETE_PUBLISHED = "DELETE FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
+
+_WRITTEN = "SELECT id, message_id, destination, message_type, body FROM written"
+
+_CONFIRMED = "SELECT id, NULL::uuid, NULL::text, NULL::text, NULL::bytea FROM confirmed"
+
+
+class Closing:
+    """Builds and runs a batch's closing statement on one schema."""
+
+    def __init__(self, schema: str, outbox: Outbox, inbox: Inbox) -> None:
+        self.outbox = outbox
+        self.inbox = inbox
+        self._confirm = render(_CONFIRM, schema)
+        self._delete_published = render(_DELETE_PUBLISHED, schema)
+
+    def close(
+        self,
+        conn: psycopg.Connection[Any],
+        consumer: str,
+        rows: Sequence[OutboxRow],
+        replies: Sequence[tuple[UUID, OutgoingMessage]],
+        leases: Leases | None,
+    ) -> int:
+        """Write ``rows`` and keep ``replies``; with ``leases``, leave in its ``written`` only
+        rows that will commit, and delete the first of its ``published``. Returns how many
+        published rows this deletes (done once the transaction commits)."""
+        if leases is None or any(held_back(row) for row in rows):
+            # held back rows wait for their time, not for this consumer
+            self.outbox.insert_rows(conn, [r for r in rows if leases is None or held_back(r)])
+        now = [] if leases is None else [row for row in rows if not held_back(row)]
+        earlier = [] if leases is None else [row.id for row in leases.written]
+        published = [] if leases is None else list(leases.published)
+        ctes: list[str] = []
+        params: list[Any] = []
+        selects: list[str] = []
+        if now:
+            assert leases is not None
+            query, values = self.outbox.leased_insert(now, leases.lease)
+            ctes.append(f"written AS ({query})")
+            params += values
+            selects.append(_WRITTEN)
+        if replies:
+            bodies = {row[0]: row[4] for row in rows}  # a reply is one of the rows, mostly
+            query, values = self.inbox.replies_kept(consumer, replies, bodies)
+            ctes.append(f"kept AS ({query})")
+            params += values
+        if earlier:
+            ctes.append(f"confirmed AS ({self._confirm})")
+            params.append(earlier)
+            selects.append(_CONFIRMED)
+        if published:
+            ctes.append(f"gone AS ({self._delete_published})")
+            params.append(published)
+        if not ctes:
+            return 0
+        statement = "WITH " + ",\n".join(ctes) + "\n" + ("\nUNION ALL\n".join(selects) or "SELECT")
+        returned = conn.execute(statement, params, prepare=True).fetchall()
+        if leases is not None and selects:
+            kept = {row[0] for row in returned if row[1] is None}
+            leases.written[:] = [row for row in leases.written if row.id in kept]
+            leases.add_written([row for row in returned if row[1] is not None])
+        return len(published)

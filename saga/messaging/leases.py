@@ -1,0 +1,85 @@
+"""Outbox rows leased to the consumer that writes them, so that it publishes them itself.
+
+A consumer publishes the messages its transaction wrote right after that transaction
+commits, with no second transaction: while :func:`leasing` is active, every message
+:class:`~saga.messaging.outbox.Outbox` writes for now (not one held back with
+``deliver_after``) is written with ``deliver_after`` set to the end of the lease, which
+keeps the relays off it: they take a row only once its ``deliver_after`` has passed.
+The insert hands back the rows it wrote (:attr:`Leases.written`); the consumer publishes
+them after its commit and lists them in :attr:`Leases.published`, and deletes those in
+bulk later (in its next transaction, or when it is idle). Rows it fails to publish it
+hands to the relays at once (their lease released); a consumer that dies leaves its
+rows to the relays once the lease has lapsed: published then, or published again
+(consumers deduplicate).
+
+Rows written in a savepoint that rolls back are gathered too; the consumer keeps only
+those its transaction's last statement still finds (see :mod:`saga.consumers.closing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+#: How long a consumer's rows are its own to publish, unless its options say otherwise.
+DEFAULT_LEASE = timedelta(seconds=5)
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedRow:
+    """One outbox row as written under a lease: what publishing it takes."""
+
+    id: int
+    message_id: UUID
+    destination: str | None  # None: an event, for every subscriber of its type
+    message_type: str
+    body: bytes
+
+
+@dataclass(slots=True)
+class Leases:
+    """One consumer's leased rows: written in its open transaction, and published since."""
+
+    lease: timedelta = DEFAULT_LEASE
+    #: rows leased in the open transaction (some may have rolled back with a savepoint)
+    written: list[LeasedRow] = field(default_factory=list)
+    #: ids of rows published after their commit, to delete
+    published: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.lease <= timedelta(0):
+            raise ValueError(f"a publish lease must be positive, not {self.lease}")
+
+    def add_written(self, returned: Sequence[Sequence[Any]]) -> list[int]:
+        """Take rows a leased insert returned (id, message_id, destination, message_type,
+        body); return their ids."""
+        rows = [LeasedRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in returned]
+        self.written.extend(rows)
+        return [row.id for row in rows]
+
+
+_active: ContextVar[Leases | None] = ContextVar("saga_outbox_leases", default=None)
+
+
+@contextmanager
+def leasing(leases: Leases) -> Iterator[Leases]:
+    """Lease the outbox rows written in this context (thread or task) to ``leases``.
+
+    Writes made while leasing do not wake the relays: the writer publishes them.
+    """
+    leases.written.clear()
+    token = _active.set(leases)
+    try:
+        yield leases
+    finally:
+        _active.reset(token)
+
+
+def active_leases() -> Leases | None:
+    """The leases of the current context, if it is leasing."""
+    return _active.get()

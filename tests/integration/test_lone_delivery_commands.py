@@ -1,0 +1,52 @@
+"""What a delivery that arrives alone costs, counted from what PostgreSQL received.
+
+The test database logs every statement (``log_statement = 'all'`` on it alone); one
+forward command with a step key and a reply address goes to an idle consumer, and the
+server's log is read from the moment it is published until its reply is on the broker.
+The handler's own statement aside, the delivery's transaction must hold at most four
+framework commands, and publishing the reply after commit none at all.
+"""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from bench.lone_delivery import split
+from bench.statement_log import log_window, parse
+from saga.messaging.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
+from tests.support.brokers import TestBroker
+from tests.support.databases import TestDatabase, with_database
+from tests.support.running import running_service
+from tests.support.services import EFFECTS_DDL, Ping, service
+from tests.support.wait import wait_until
+
+JSON = "application/json"
+REPLIES = "lone-replies"
+#: The consumer's idle wake-up (when it deletes the rows it published) falls outside the
+#: counted window: the window closes as soon as the reply is on the broker.
+IDLE_POLL = 5.0
+
+
+def test_a_lone_delivery_costs_at_most_four_framework_commands_and_none_to_publish(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    db.execute(EFFECTS_DDL)
+    db.execute(
+        sql.SQL("ALTER DATABASE {} SET log_statement = 'all'")  # type: ignore[arg-type]
+        .format(sql.Identifier(db.name))
+        .as_string()
+    )
+    rabbit.declare(REPLIES)
+    command = Envelope.wrap(
+        Ping(key="alone"), reply_to=REPLIES, headers={IDEMPOTENCY_KEY_HEADER: "step-alone"}
+    )
+    with (
+        running_service(service, db, rabbit, poll_timeout=IDLE_POLL),
+        log_window(with_database(db.url, "postgres"), [db.name]) as lines,
+    ):
+        rabbit.publish_raw(service.name, command.to_bytes(), JSON)
+        wait_until(lambda: rabbit.queue_depth(REPLIES) == 1, what="the reply published")
+    found = split(parse(lines), str(command.message_id), "public.effects")
+    counts = (len(found.transaction), len(found.publishing))
+    assert counts[0] <= 4 and counts[1] == 0, (counts, found)
+    assert found.transaction[0] == "BEGIN" and found.transaction[-1] == "COMMIT", found
