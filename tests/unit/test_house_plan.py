@@ -294,3 +294,19 @@ def test_the_architecture_document_draws_the_broker_seam() -> None:
     table = (ROOT / "docs" / "brokers.md").read_text()
     for capability in Capabilities.__dataclass_fields__:
         assert f"| `{capability}` |" in table, f"docs/brokers.md does not list {capability}"
+
+
+def test_every_package_of_the_library_ships_in_the_wheel() -> None:
+    """A subpackage missing from pyproject's list installs from a checkout and is absent
+    from the wheel: the wheel tests would only say so after building one."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "saga").rglob("__init__.py")
+        if "__pycache__" not in init.parts and not init.parent.is_symlink()
+    }
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
