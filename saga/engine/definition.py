@@ -26,125 +26,39 @@ import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.db.sql import Tx, validate_name
-from saga.engine.builders import CommandBuilder, FieldsBuilder, as_builder, message_class
+from saga.engine.builders import as_builder, message_class
 from saga.engine.saga_data import check_storable
+from saga.engine.steps import LocalStep, RemoteStep, Step, WaitStep
+from saga.engine.steps.options import (
+    COMPENSATE,
+    HOLD,
+    RETRY,
+    KeyOf,
+    LocalAction,
+    StepRetry,
+)
 from saga.errors import ConfigurationError
 from saga.messaging.envelope import message_type_of
+
+__all__ = [
+    "COMPENSATE",
+    "HOLD",
+    "RETRY",
+    "LocalAction",
+    "LocalStep",
+    "MigrationRule",
+    "RemoteStep",
+    "Saga",
+    "Step",
+    "StepRetry",
+    "WaitStep",
+]
 
 D = TypeVar("D", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 
-#: ``on_timeout`` / ``on_deadline`` / ``on_dead_letter`` values.
-COMPENSATE = "compensate"
-RETRY = "retry"
-HOLD = "hold"
 DEFAULT_MAX_DATA_BYTES = 64 * 1024
-LocalAction = Callable[[Tx, Any], BaseModel | None]
-ReplyHandler = Callable[[Any, Any], BaseModel]
-Condition = Callable[[Any], bool]
-#: A key out of saga data or an event (compared as text).
-KeyOf = Callable[[Any], object]
-
-
-@dataclass(frozen=True, slots=True)
-class StepRetry:
-    """How often a step after the pivot, or a compensation, is tried again.
-
-    Attempt ``n`` waits ``min(initial_delay * 2 ** (n - 1), max_delay)`` seconds.
-    """
-
-    attempts: int = 5
-    initial_delay: float = 1.0
-    max_delay: float = 60.0
-
-    def delay(self, attempt: int) -> float:
-        return float(min(self.initial_delay * 2 ** max(attempt - 1, 0), self.max_delay))
-
-
-@dataclass(frozen=True, slots=True)
-class LocalStep:
-    """Code run inside the orchestrator's own transaction."""
-
-    name: str
-    action: LocalAction
-    compensation: LocalAction | str | None = None
-    when: Condition | None = None
-    pivot: bool = False
-    retry: StepRetry | None = None
-
-    kind = "local"
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteStep:
-    """A command sent to a participant service, completed by its reply."""
-
-    name: str
-    command: CommandBuilder
-    service: str | None = None
-    command_type: type[BaseModel] | None = None
-    reply: type[BaseModel] | None = None
-    on_reply: ReplyHandler | None = None
-    compensation: CommandBuilder | None = None
-    compensation_service: str | None = None
-    when: Condition | None = None
-    pivot: bool = False
-    retry: StepRetry | None = None
-    deadline: timedelta | None = None
-    on_deadline: str = RETRY
-    on_dead_letter: str = COMPENSATE
-
-    kind = "remote"
-
-
-@dataclass(frozen=True, slots=True)
-class WaitStep:
-    """A durable wait for a named external event (``saga signal``), with a timeout.
-
-    While it waits no process holds the saga: it is a row, and its timeout a
-    scheduled message. ``on_event(data, event)`` returns the new data (or
-    None); raising :class:`~saga.errors.StepFailed` compensates, or, after the
-    pivot, refuses the event and keeps waiting. On timeout the saga compensates,
-    or jumps to the step named by ``on_timeout``.
-
-    With ``correlate`` the wait is for a published event (``payload`` is its class):
-    the saga waits under the key ``correlate(data)``, and an event whose
-    ``event_key(event)`` is that key ends the wait (a signal still does too).
-    """
-
-    name: str
-    event: str
-    payload: type[BaseModel]
-    timeout: timedelta | None = None
-    on_event: ReplyHandler | None = None
-    on_timeout: str = COMPENSATE
-    when: Condition | None = None
-    pivot: bool = False
-    retry: StepRetry | None = None
-    compensation: None = None
-    correlate: KeyOf | None = None
-    event_key: KeyOf | None = None
-
-    kind = "wait"
-
-    def key_of_data(self, data: BaseModel) -> str | None:
-        """The key this wait is under for ``data``; None for a wait that no event ends."""
-        return _key(self.correlate, data, f"correlate of wait step {self.name!r}")
-
-    def key_of_event(self, event: BaseModel) -> str | None:
-        """The key ``event`` carries for this wait (None when it waits for no event)."""
-        return _key(self.event_key, event, f"event_key of wait step {self.name!r}")
-
-
-def _key(key_of: KeyOf | None, value: BaseModel, what: str) -> str | None:
-    """``key_of(value)`` as text: keys compare as text, whatever type they have."""
-    if key_of is None:
-        return None
-    key = key_of(value)
-    if key is None or key == "":
-        raise ConfigurationError(f"{what} gave no key for {type(value).__name__} {value!r}")
-    return str(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +70,6 @@ class MigrationRule:
 
     from_version: int
     unless_passed: str
-
-
-Step = LocalStep | RemoteStep | WaitStep
 
 
 @dataclass(slots=True)
@@ -289,15 +200,6 @@ class Saga(Generic[D]):
         (the saga goes on) or purges it (the saga compensates, this step included).
         Either way a compensation must tolerate "nothing to undo".
         """
-        for option, value, allowed in (
-            ("on_deadline", on_deadline, (RETRY, COMPENSATE)),
-            ("on_dead_letter", on_dead_letter, (COMPENSATE, HOLD)),
-        ):
-            if value not in allowed:
-                raise ConfigurationError(
-                    f"step {name!r}: {option} must be {allowed[0]!r} or {allowed[1]!r}, "
-                    f"not {value!r}"
-                )
         self.steps.append(
             RemoteStep(
                 name=name,
@@ -395,6 +297,10 @@ class Saga(Generic[D]):
     def retry_for(self, step: Step) -> StepRetry:
         return step.retry or self.retry
 
+    def defines_local_compensation(self, name: str) -> bool:
+        """True when a ``@local_compensation`` of this saga is called ``name``."""
+        return name in self._draft.local_compensations
+
     def local_compensation_for(self, step: LocalStep) -> LocalAction | None:
         if step.compensation is None or callable(step.compensation):
             return step.compensation
@@ -479,42 +385,11 @@ class Saga(Generic[D]):
                     f"step {step.name!r} comes after the pivot {self.steps[pivot].name!r} "
                     "and so is never compensated; remove its compensation"
                 )
-            if isinstance(step, WaitStep):
-                problems.extend(self._wait_problems(i, step, pivot))
-            elif isinstance(step, LocalStep):
-                name = step.compensation
-                if isinstance(name, str) and name not in self._draft.local_compensations:
-                    problems.append(
-                        f"step {step.name!r} names compensation {name!r}, "
-                        "which no @local_compensation defines"
-                    )
-            else:
-                problems.extend(self._route_problems(step, routes))
-                problems.extend(self._field_problems(step))
+            problems.extend(step.problems(self, i, routes))
         if problems:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version} is invalid:\n  - " + "\n  - ".join(problems)
             )
-
-    def _wait_problems(self, index: int, step: WaitStep, pivot: int | None) -> list[str]:
-        problems: list[str] = []
-        if not (isinstance(step.payload, type) and issubclass(step.payload, BaseModel)):
-            problems.append(f"wait step {step.name!r}: payload must be a pydantic model class")
-        target = step.on_timeout
-        if step.timeout is None:
-            return problems  # without a timeout, on_timeout never applies
-        if target != COMPENSATE:
-            if target not in [s.name for s in self.steps[index + 1 :]]:
-                problems.append(
-                    f"wait step {step.name!r}: on_timeout {target!r} is neither 'compensate' "
-                    "nor a later step"
-                )
-        elif pivot is not None and index > pivot:
-            problems.append(
-                f"wait step {step.name!r} is after the pivot, so its timeout cannot compensate; "
-                "name a later step in on_timeout"
-            )
-        return problems
 
     def validate_migration(self, older: Saga[Any]) -> None:
         """Check that sagas of ``older`` can continue on this version under its rule."""
@@ -535,40 +410,6 @@ class Saga(Generic[D]):
                 f"saga {self.name!r} v{self.version} cannot take v{older.version} sagas that have "
                 f"not passed {rule.unless_passed!r}: it lacks their steps {missing}"
             )
-
-    def _field_problems(self, step: RemoteStep) -> list[str]:
-        """Messages built from the data's fields that need a field the data lacks."""
-        problems: list[str] = []
-        for what, builder in (("command", step.command), ("compensation", step.compensation)):
-            if isinstance(builder, FieldsBuilder):
-                missing = builder.missing_fields(self.data_model)
-                if missing:
-                    problems.append(
-                        f"step {step.name!r}: its {what} {builder.model.__name__} is built from "
-                        f"the fields of {self.data_model.__name__}, which lacks its required "
-                        f"field(s) {', '.join(missing)}; add them to the data, or pass a "
-                        "function of the data"
-                    )
-        return problems
-
-    def _route_problems(self, step: RemoteStep, routes: dict[type[BaseModel], str]) -> list[str]:
-        if step.service:
-            try:
-                validate_name(step.service, "service name")
-            except ConfigurationError as exc:
-                return [f"step {step.name!r}: {exc}"]
-            return []
-        if step.command_type is None:
-            return [
-                f"step {step.name!r}: the command's type is unknown and no service= is given; "
-                "pass service=, or a message class / annotated function as command="
-            ]
-        if step.command_type not in routes:
-            return [
-                f"step {step.name!r}: command type {step.command_type.__name__} has no route; "
-                "pass service= or add it to the registry's routes"
-            ]
-        return []
 
 
 def _key_of(event_key: str | KeyOf | None) -> KeyOf | None:

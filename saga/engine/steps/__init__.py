@@ -1,0 +1,13 @@
+"""The kinds of step a saga is made of, each one class with the hooks the engine calls
+(:class:`~saga.engine.steps.kind.StepKind`)."""
+
+from __future__ import annotations
+
+from saga.engine.steps.local import LocalStep
+from saga.engine.steps.remote import RemoteStep
+from saga.engine.steps.wait import WaitStep
+
+#: Every kind of step; ``match`` on it with ``assert_never`` where kinds must be told apart.
+Step = LocalStep | RemoteStep | WaitStep
+
+__all__ = ["LocalStep", "RemoteStep", "Step", "WaitStep"]
