@@ -29,6 +29,7 @@ from saga.db.sql import Tx, validate_name
 from saga.engine.builders import as_builder, message_class
 from saga.engine.saga_data import check_storable
 from saga.engine.steps import LocalStep, RemoteStep, Step, WaitStep
+from saga.engine.steps.kind import StepKind
 from saga.engine.steps.options import (
     COMPENSATE,
     HOLD,
@@ -294,7 +295,7 @@ class Saga(Generic[D]):
         pivot = self.pivot_index
         return pivot is not None and self.index(name) > pivot
 
-    def retry_for(self, step: Step) -> StepRetry:
+    def retry_for(self, step: StepKind) -> StepRetry:
         return step.retry or self.retry
 
     def defines_local_compensation(self, name: str) -> bool:

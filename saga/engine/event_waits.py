@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from saga.db.sql import Tx, render
 from saga.engine.batch import SagaBatch
-from saga.engine.definition import LocalStep, RemoteStep, Saga, WaitStep
+from saga.engine.definition import Saga, WaitStep
 from saga.engine.routing import awaits_event
 from saga.engine.state import SagaRecord
 from saga.messaging.control import Signal
@@ -168,10 +168,4 @@ class EventDelivery:
     def _key_for(self, record: SagaRecord, event: BaseModel) -> str | None:
         """The key ``event`` carries for the wait step ``record`` is at (None: no such wait)."""
         step = self._definition(record).step(record.step) if record.step else None
-        match step:
-            case WaitStep():
-                return step.key_of_event(event)
-            case LocalStep() | RemoteStep() | None:
-                return None
-            case _:
-                assert_never(step)
+        return step.key_of_event(event) if step is not None else None

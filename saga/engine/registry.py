@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga.engine import fingerprints, signals
 from saga.engine.batch import SagaBatch, SagaBatches
-from saga.engine.definition import LocalStep, RemoteStep, Saga, WaitStep
+from saga.engine.definition import Saga, WaitStep
 from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
 from saga.engine.state import Phase, SagaRecord, StepLogEntry
@@ -122,7 +122,7 @@ class SagaRegistry:
 
     def _add_event_waits(self, saga: Saga[Any]) -> None:
         """Subscribe (when the service starts) to the events ``saga``'s wait steps wait for."""
-        for step in _event_waits(saga):
+        for step in (wait for kind in saga.steps for wait in kind.event_waits()):
             event_class, steps = self._events.setdefault(step.event, (step.payload, []))
             clash = self._reply_types.get(step.event)
             if event_class is not step.payload or clash is not None:
@@ -232,13 +232,9 @@ class SagaRegistry:
         """The waiting saga's record, the event, and ``data`` checked by its wait step."""
         record = signals.check_waiting(record, saga_id, event)
         step = self.definition(record.name, record.saga_version).step(record.step or "")
-        match step:
-            case WaitStep():
-                model = step.payload
-            case LocalStep() | RemoteStep():
-                raise SignalRejected(f"saga {saga_id} is at step {step.name!r}, not a wait")
-            case _:
-                assert_never(step)
+        model = step.signal_payload()
+        if model is None:
+            raise SignalRejected(f"saga {saga_id} is at step {step.name!r}, which takes no signal")
         try:
             payload = model.model_validate(
                 data.model_dump(mode="json") if isinstance(data, BaseModel) else data
@@ -412,17 +408,3 @@ def _migrated_entries(
         )
         for saga_id, step, attempt in rows
     ]
-
-
-def _event_waits(saga: Saga[Any]) -> list[WaitStep]:
-    """The steps of ``saga`` that wait for a published event (its service subscribes)."""
-    waits: list[WaitStep] = []
-    for step in saga.steps:
-        match step:
-            case WaitStep(correlate=correlate) if correlate is not None:
-                waits.append(step)
-            case LocalStep() | RemoteStep() | WaitStep():
-                pass
-            case _:
-                assert_never(step)
-    return waits

@@ -23,10 +23,10 @@ from saga.engine.definition import Saga, Step
 from saga.engine.outcomes import LocalSteps, TransitionResult, stopped_saga_letter
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.engine.step_envelopes import StepEnvelopes
+from saga.engine.steps.kind import StepKind
 from saga.errors import ConfigurationError, StaleReply
 from saga.messaging.control import (
     DEAD_LETTERED,
-    PURGED,
     FailureReply,
     Signal,
     StepDeadline,
@@ -55,6 +55,7 @@ class Transition:
         new_id: Callable[[], UUID] = uuid7,
     ) -> None:
         self.at = at
+        self.cause = cause
         self.home_service = home_service
         self.local_steps = local_steps
         self.new_id = new_id
@@ -74,10 +75,7 @@ class Transition:
         step = self._current()
         self._release_hold()
         if self.record.status is SagaStatus.RUNNING:
-            step.take_reply(self, reply)
-            self.log_step(step, Phase.FORWARD, "succeeded", self.record.step_started_at)
-            self.record.completed_steps.append(step.name)
-            self.go_on(self.saga.index(step.name) + 1)
+            step.take_success(self, reply)
         else:
             self.log_step(step, Phase.COMPENSATION, "succeeded", self.record.step_started_at)
             self.record.completed_steps.pop()
@@ -85,19 +83,11 @@ class Transition:
 
     def on_failure(self, failure: FailureReply) -> None:
         step = self._current()
-        reason = f"{step.name}: {failure.reason}"
         self._release_hold()
         if self.record.status is SagaStatus.RUNNING:
-            self.log_step(step, Phase.FORWARD, "failed", self.record.step_started_at, reason)
-            if self.saga.after_pivot(step.name):
-                self.retry_or_give_up(step, Phase.FORWARD, reason)
-            elif failure.code == DEAD_LETTERED and step.holds_dead_letters:
-                self._hold(step, reason)
-            elif failure.code in (DEAD_LETTERED, PURGED):
-                self.compensate_in_doubt(step, reason)
-            else:
-                self.begin_compensation(reason, step)
+            step.take_failure(self, failure)
         else:
+            reason = f"{step.name}: {failure.reason}"
             self.log_step(step, Phase.COMPENSATION, "failed", self.record.step_started_at, reason)
             if failure.code == DEAD_LETTERED:
                 self.give_up(step, Phase.COMPENSATION, reason)
@@ -163,13 +153,13 @@ class Transition:
 
     # -- steps whose outcome is unknown -----------------------------------------
 
-    def compensate_in_doubt(self, step: Step, reason: str) -> None:
+    def compensate_in_doubt(self, step: StepKind, reason: str) -> None:
         """Compensate, this step included: its command may have had its effect (the
         participant gave up after technical failures, or never answered in time)."""
         self.record.completed_steps.append(step.name)
         self.begin_compensation(reason, step)
 
-    def _hold(self, step: Step, reason: str) -> None:
+    def hold(self, step: StepKind, reason: str) -> None:
         """Keep the saga at ``step`` until the operator replays or purges its dead letter.
 
         The pending message id stays: the replayed command keeps it, so its reply is the
@@ -238,12 +228,13 @@ class Transition:
 
     # -- compensating ---------------------------------------------------------
 
-    def begin_compensation(self, reason: str, cause: Step | None) -> None:
+    def begin_compensation(self, reason: str, cause: StepKind | None) -> None:
         """Compensate because of ``cause`` (the step that failed, or was answered when a
         cancel was waiting), kept as the saga's ``failed_step``."""
         self.record.status = SagaStatus.COMPENSATING
         self.record.last_error = reason
         self.record.failed_step = cause.name if cause is not None else None
+        self.record.step_state = {}  # what a step kept while it ran is over
         self._compensate_next(attempt=1)
 
     def _compensate_next(self, attempt: int, message_id: UUID | None = None) -> None:
@@ -260,7 +251,7 @@ class Transition:
 
     # -- retries and giving up -----------------------------------------------
 
-    def retry_or_give_up(self, step: Step, phase: Phase, reason: str) -> None:
+    def retry_or_give_up(self, step: StepKind, phase: Phase, reason: str) -> None:
         attempt = self.record.step_attempt
         retry = self.saga.retry_for(step)
         if attempt >= retry.attempts:
@@ -285,7 +276,7 @@ class Transition:
             extra={"saga_id": str(self.record.id), "step": step.name},
         )
 
-    def give_up(self, step: Step, phase: Phase, reason: str) -> None:
+    def give_up(self, step: StepKind, phase: Phase, reason: str) -> None:
         record = self.record
         record.status = (
             SagaStatus.COMPENSATION_FAILED
@@ -340,7 +331,7 @@ class Transition:
 
     def log_step(
         self,
-        step: Step,
+        step: StepKind,
         phase: Phase,
         outcome: str,
         started: datetime | None,

@@ -14,12 +14,15 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
+from saga.engine.state import Phase
 from saga.errors import StaleReply, UnexpectedReply
+from saga.messaging.control import DEAD_LETTERED, PURGED
 
 if TYPE_CHECKING:
     from saga.engine.definition import Saga
+    from saga.engine.steps.wait import WaitStep
     from saga.engine.transitions import Transition
-    from saga.messaging.control import Signal, StepDeadline
+    from saga.messaging.control import FailureReply, Signal, StepDeadline
 
 #: One step as recorded for fingerprints and version checks.
 StepShape = dict[str, Any]
@@ -53,6 +56,27 @@ class StepKind(ABC):
         return False
 
     # -- answers ---------------------------------------------------------------
+
+    def take_success(self, t: Transition, reply: BaseModel) -> None:
+        """The step succeeded: take its reply and go on to the next step."""
+        self.take_reply(t, reply)
+        t.log_step(self, Phase.FORWARD, "succeeded", t.record.step_started_at)
+        t.record.completed_steps.append(self.name)
+        t.go_on(t.saga.index(self.name) + 1)
+
+    def take_failure(self, t: Transition, failure: FailureReply) -> None:
+        """The step failed: retry it past the pivot, hold it, or compensate (this step
+        included when its outcome is unknown)."""
+        reason = f"{self.name}: {failure.reason}"
+        t.log_step(self, Phase.FORWARD, "failed", t.record.step_started_at, reason)
+        if t.saga.after_pivot(self.name):
+            t.retry_or_give_up(self, Phase.FORWARD, reason)
+        elif failure.code == DEAD_LETTERED and self.holds_dead_letters:
+            t.hold(self, reason)
+        elif failure.code in (DEAD_LETTERED, PURGED):
+            t.compensate_in_doubt(self, reason)
+        else:
+            t.begin_compensation(reason, self)
 
     def take_reply(self, t: Transition, reply: BaseModel) -> None:
         """A success answering the step: update the saga's data from it."""
@@ -98,6 +122,18 @@ class StepKind(ABC):
     ) -> list[str]:
         """Mistakes in this step, found when the saga is registered."""
         return []
+
+    def signal_payload(self) -> type[BaseModel] | None:
+        """The model a signal for this step is checked against (None: it takes none)."""
+        return None
+
+    def key_of_event(self, event: BaseModel) -> str | None:
+        """The key a published ``event`` carries for this step (None: it waits for none)."""
+        return None
+
+    def event_waits(self) -> tuple[WaitStep, ...]:
+        """The waits for published events in this step (its service subscribes to them)."""
+        return ()
 
     def expects(self) -> tuple[type[BaseModel], ...]:
         """The reply types answering this step, which the saga's home service decodes

@@ -61,6 +61,12 @@ class WaitStep(StepKind):
 
     kind = "wait"
 
+    def signal_payload(self) -> type[BaseModel] | None:
+        return self.payload
+
+    def event_waits(self) -> tuple[WaitStep, ...]:
+        return (self,) if self.correlate is not None else ()
+
     def key_of_data(self, data: BaseModel) -> str | None:
         """The key this wait is under for ``data``; None for a wait that no event ends."""
         return _key(self.correlate, data, f"correlate of wait step {self.name!r}")
