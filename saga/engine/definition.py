@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 from uuid import UUID
 
 import psycopg
@@ -275,13 +275,26 @@ class Saga(Generic[D]):
     # -- inspection ----------------------------------------------------------
 
     def step(self, name: str) -> Step:
-        for step in self.steps:
-            if step.name == name:
-                return step
+        """The step called ``name``, at the top or inside another step."""
+        step = self.find(name)
+        if step is not None:
+            return step
         raise KeyError(f"saga {self.name!r} v{self.version} has no step {name!r}")
 
+    def find(self, name: str) -> Step | None:
+        """The step called ``name`` (at the top or inside another step); None if none is."""
+        for step in self.steps:
+            for part in step.parts():
+                if part.name == name:
+                    return cast("Step", part)  # the parts of a step are steps
+        return None
+
     def index(self, name: str) -> int:
-        return self.steps.index(self.step(name))
+        """The place of step ``name`` in the saga (a step inside another: the outer one's)."""
+        for i, step in enumerate(self.steps):
+            if any(part.name == name for part in step.parts()):
+                return i
+        raise KeyError(f"saga {self.name!r} v{self.version} has no step {name!r}")
 
     @property
     def pivot_index(self) -> int | None:
@@ -373,13 +386,14 @@ class Saga(Generic[D]):
             problems.append(f"more than one pivot step: {pivots}")
         pivot = self.pivot_index
         for i, step in enumerate(self.steps):
-            try:
-                validate_name(step.name, "step name")
-            except ConfigurationError as exc:
-                problems.append(str(exc))
-            if step.name in seen:
-                problems.append(f"duplicate step name {step.name!r}")
-            seen.add(step.name)
+            for part in step.parts():
+                try:
+                    validate_name(part.name, "step name")
+                except ConfigurationError as exc:
+                    problems.append(str(exc))
+                if part.name in seen:
+                    problems.append(f"duplicate step name {part.name!r}")
+                seen.add(part.name)
             has_compensation = step.compensation is not None
             if pivot is not None and i > pivot and has_compensation:
                 problems.append(

@@ -200,7 +200,7 @@ class Transition:
         )
         if record.status not in compensated_states or step_name in record.completed_steps:
             return False
-        step = next((s for s in self.saga.steps if s.name == step_name), None)
+        step = self.saga.find(step_name)
         return step is not None and step.undo_late(self, reply)
 
     # -- moving forward ------------------------------------------------------

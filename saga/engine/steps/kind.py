@@ -123,6 +123,10 @@ class StepKind(ABC):
         """Mistakes in this step, found when the saga is registered."""
         return []
 
+    def parts(self) -> tuple[StepKind, ...]:
+        """The step and the steps inside it (each with a name of its own)."""
+        return (self,)
+
     def signal_payload(self) -> type[BaseModel] | None:
         """The model a signal for this step is checked against (None: it takes none)."""
         return None
