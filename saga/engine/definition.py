@@ -16,7 +16,8 @@ saga is registered), not when a saga instance first reaches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from saga.db.sql import Tx, validate_name
 from saga.engine.builders import as_builder, message_class
 from saga.engine.saga_data import check_storable
-from saga.engine.steps import LocalStep, RemoteStep, Step, WaitStep
+from saga.engine.steps import LocalStep, ParallelGroup, RemoteStep, Step, WaitStep
 from saga.engine.steps.kind import StepKind
 from saga.engine.steps.options import (
     COMPENSATE,
@@ -48,6 +49,7 @@ __all__ = [
     "LocalAction",
     "LocalStep",
     "MigrationRule",
+    "ParallelGroup",
     "RemoteStep",
     "Saga",
     "Step",
@@ -76,6 +78,7 @@ class MigrationRule:
 @dataclass(slots=True)
 class _Draft:
     local_compensations: dict[str, LocalAction] = field(default_factory=dict)
+    group: list[LocalStep | RemoteStep] | None = None  # the members of ``with parallel()``
 
 
 class SagaHost(Protocol):
@@ -148,7 +151,7 @@ class Saga(Generic[D]):
         """
 
         def register(action: Callable[[Tx, D], D | None]) -> Callable[[Tx, D], D | None]:
-            self.steps.append(LocalStep(name, action, compensate, when, pivot, retry))
+            self._add(LocalStep(name, action, compensate, when, pivot, retry))
             return action
 
         return register
@@ -201,7 +204,7 @@ class Saga(Generic[D]):
         (the saga goes on) or purges it (the saga compensates, this step included).
         Either way a compensation must tolerate "nothing to undo".
         """
-        self.steps.append(
+        self._add(
             RemoteStep(
                 name=name,
                 command=as_builder(command),
@@ -258,8 +261,42 @@ class Saga(Generic[D]):
             raise ConfigurationError(f"wait step {name!r}: give payload= for signal {event!r}")
         else:
             event_name = event
+        if self._draft.group is not None:
+            raise ConfigurationError(
+                f"wait step {name!r} cannot be a member of a parallel group: declare it "
+                "before or after the `with saga.parallel(...)` block"
+            )
         step = WaitStep(name, event_name, payload, timeout, on_event, on_timeout, when)
         self.steps.append(replace(step, correlate=correlate, event_key=_key_of(event_key)))
+
+    @contextmanager
+    def parallel(self, name: str, *, when: Callable[[D], bool] | None = None) -> Iterator[None]:
+        """Steps declared in this block run at once, as one step called ``name``.
+
+        >>> with order.parallel("reserve"):                      # doctest: +SKIP
+        ...     order.remote("reserve_stock", command=ReserveStock, ...)
+        ...     order.remote("reserve_credit", command=ReserveCredit, ...)
+
+        Every member starts when the saga reaches the group (their commands leave in one
+        transaction); the saga goes on when all have answered. If one fails, the members
+        that succeeded and the steps before the group are compensated, latest first; a
+        member still out then is compensated if its success comes later. Members are local
+        or remote steps with their own options (deadlines, ``on_dead_letter``); a member
+        may not be the pivot, and a group may not come after the pivot. See docs/sagas.md.
+        """
+        if self._draft.group is not None:
+            raise ConfigurationError(f"parallel group {name!r}: groups do not nest")
+        members: list[LocalStep | RemoteStep] = []
+        self._draft.group = members
+        try:
+            yield
+        finally:
+            self._draft.group = None
+        self.steps.append(ParallelGroup(name, tuple(members), when))
+
+    def _add(self, step: LocalStep | RemoteStep) -> None:
+        """A declared step: the saga's next one, or a member of the group being declared."""
+        (self.steps if self._draft.group is None else self._draft.group).append(step)
 
     def migrate_from(self, version: int, *, unless_passed: str) -> None:
         """Move running sagas of ``version`` to this one, except those past ``unless_passed``.

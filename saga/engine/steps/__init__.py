@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from saga.engine.steps.local import LocalStep
+from saga.engine.steps.parallel import ParallelGroup
 from saga.engine.steps.remote import RemoteStep
 from saga.engine.steps.wait import WaitStep
 
 #: Every kind of step; ``match`` on it with ``assert_never`` where kinds must be told apart.
-Step = LocalStep | RemoteStep | WaitStep
+Step = LocalStep | RemoteStep | WaitStep | ParallelGroup
 
-__all__ = ["LocalStep", "RemoteStep", "Step", "WaitStep"]
+__all__ = ["LocalStep", "ParallelGroup", "RemoteStep", "Step", "WaitStep"]
