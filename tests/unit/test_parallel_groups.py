@@ -129,6 +129,18 @@ def test_a_failed_member_compensates_its_succeeded_sibling_and_the_steps_before(
     assert run.record.status is SagaStatus.COMPENSATED
 
 
+def test_a_resume_sends_the_members_still_out_again_under_their_own_ids() -> None:
+    run = Run(order_saga())
+    run.answer(run.sent[-1][0], Ack())
+    stock, credit = run.sent[-1]
+    run.answer(stock, Reserved(reference="s-1"))
+    run.step(None, lambda t: t.resume())
+    [again] = run.sent[-1]
+    assert (again.message_id, steps_of([again])) == (credit.message_id, ["reserve_credit"])
+    run.answer(again, Reserved(reference="c-1"))
+    assert steps_of(run.sent[-1]) == ["charge"]
+
+
 def test_a_pivot_inside_a_group_is_refused_at_registration() -> None:
     with pytest.raises(ConfigurationError, match="a pivot may not sit inside a group"):
         order_saga(pivot=True).validate()

@@ -3,8 +3,9 @@
 Hypothesis draws a saga with a parallel group (remote and local members, some compensated,
 some with deadlines, a local member that may fail), maybe a step before it and one after,
 then answers the saga's requests in any order (success, business failure, dead letter),
-answers some twice, and fires deadlines. The participant keeps the first outcome of each
-command (as its inbox would) and counts the compensations it applies.
+answers some twice, fires deadlines, and resumes the saga (sending again what it waits
+for). The participant keeps the first outcome of each command (as its inbox would) and
+applies each compensation key once, counting them.
 
 After every event nothing is undone twice, and nothing is undone that did not take effect
 (or may have: a dead-lettered command, a deadline given up on). At the end a cooperative
@@ -14,6 +15,7 @@ compensated, with every step that took effect undone exactly once.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import Counter
 from collections.abc import Iterator
@@ -159,7 +161,7 @@ class GroupMachine(RuleBasedStateMachine):
         self.clock += timedelta(seconds=1)
         return Transition(
             self.saga,
-            self.record,
+            copy.deepcopy(self.record),  # the orchestrator loads it afresh
             cause=cause,
             at=self.clock,
             home_service=HOME,
@@ -242,11 +244,22 @@ class GroupMachine(RuleBasedStateMachine):
             run.on_success(reply)
         self.commit(run)
 
-    @precondition(lambda self: bool(self.requests))
+    def outstanding(self) -> list[Envelope]:
+        """Requests the participant has not answered yet."""
+        answered = self.outcome.keys() | self.answered_undos
+        return [r for r in self.requests if r.message_id not in answered]
+
+    @precondition(lambda self: bool(self.outstanding()))
     @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES))
-    def answer_any(self, data: st.DataObject, outcome: str) -> None:
-        request = data.draw(st.sampled_from(self.requests))
-        self.answer(request, outcome)
+    def answer_one_still_out(self, data: st.DataObject, outcome: str) -> None:
+        self.answer(data.draw(st.sampled_from(self.outstanding())), outcome)
+
+    @precondition(lambda self: len(self.outstanding()) < len(self.requests))
+    @rule(data=st.data())
+    def answer_one_again(self, data: st.DataObject) -> None:
+        """A duplicate: the participant answers again what it answered (its kept outcome)."""
+        out = self.outstanding()
+        self.answer(data.draw(st.sampled_from([r for r in self.requests if r not in out])), "ok")
 
     @precondition(lambda self: bool(self.deadlines))
     @rule(data=st.data())
@@ -261,6 +274,13 @@ class GroupMachine(RuleBasedStateMachine):
             run.on_deadline(deadline)
             self.commit(run)
 
+    @rule()
+    def resume(self) -> None:
+        """An operator (or the stuck sweep) resumes the saga: what it waits for is sent again."""
+        run = self.transition(None)
+        if run.resume():
+            self.commit(run)
+
     def shape_of(self, name: str) -> Member:
         return next(m for m in self.shape.members if m.name == name)
 
@@ -268,8 +288,7 @@ class GroupMachine(RuleBasedStateMachine):
         if not hasattr(self, "record"):
             return
         for _ in range(100):  # a cooperative world answers everything still out
-            out = [r for r in self.requests if r.message_id not in self.outcome]
-            out = [r for r in out if r.message_id not in self.answered_undos]
+            out = self.outstanding()
             if not out:
                 break
             for request in out:
@@ -285,4 +304,4 @@ class GroupMachine(RuleBasedStateMachine):
 
 
 TestGroupModel = GroupMachine.TestCase
-TestGroupModel.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+TestGroupModel.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)

@@ -72,12 +72,29 @@ class ParallelGroup(StepKind):
                 return False  # a local member failed: the saga compensates (nothing sent yet)
             self._capture(t, member)
         if record.step_state["awaits"]:
-            record.step = self.name
-            record.pending_message_id = None
-            record.step_attempt = 1
+            self._settle(t)
             return False
         record.step_state = {}
         return True
+
+    def resend(self, t: Transition, attempt: int, message_id: UUID | None = None) -> bool:
+        """Send every member still out again, under its own message id (a resume)."""
+        state = t.record.step_state
+        out = [(n, e) for n, e in state["members"].items() if e["message"] in state["awaits"]]
+        for name, entry in out:
+            member = self.member(name)
+            assert member is not None
+            member.resend(t, entry["attempt"], UUID(entry["message"]))
+            self._capture(t, member)
+        return bool(out)
+
+    def _settle(self, t: Transition) -> None:
+        """The saga waits at the group; its pending message is the first one still out (so
+        it shows as waiting, and a resume sends the members still out again)."""
+        record = t.record
+        record.step = self.name
+        record.pending_message_id = UUID(record.step_state["awaits"][0])
+        record.step_attempt = 1
 
     def _capture(self, t: Transition, member: Member) -> None:
         """Keep what a member just sent (its pending message) in the group's state and put
@@ -92,9 +109,7 @@ class ParallelGroup(StepKind):
         message = str(record.pending_message_id)
         state["members"][member.name] = {"message": message, "attempt": record.step_attempt}
         state["awaits"].append(message)
-        record.step = self.name
-        record.pending_message_id = None
-        record.step_attempt = 1
+        self._settle(t)
 
     def _answered(self, t: Transition, message_id: UUID | None) -> Member:
         """The member whose message ``message_id`` answers, now no longer awaited."""
@@ -114,9 +129,9 @@ class ParallelGroup(StepKind):
         member.take_reply(t, reply)
         t.log_step(member, Phase.FORWARD, "succeeded", t.record.step_started_at)
         t.record.completed_steps.append(member.name)
-        t.record.pending_message_id = None
-        t.record.step_attempt = 1
-        if not t.record.step_state["awaits"]:
+        if t.record.step_state["awaits"]:
+            self._settle(t)
+        else:
             t.record.step_state = {}
             t.record.step = self.name
             t.go_on(t.saga.index(self.name) + 1)
