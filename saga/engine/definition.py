@@ -448,15 +448,15 @@ class Saga(Generic[D]):
         rule = self.migration_from(older.version)
         if rule is None:
             return
-        names = {s.name for s in self.steps}
-        older_names = [s.name for s in older.steps]
-        if rule.unless_passed not in names or rule.unless_passed not in older_names:
+        names = {part.name for step in self.steps for part in step.parts()}
+        if rule.unless_passed not in names or older.find(rule.unless_passed) is None:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version}: migration guard step {rule.unless_passed!r} "
                 f"must exist in v{older.version} and v{self.version}"
             )
-        reachable = older_names[: older_names.index(rule.unless_passed) + 1]
-        missing = [n for n in reachable if n not in names]
+        # the steps a saga that has not passed the guard may be at, a group's members included
+        reachable = older.steps[: older.index(rule.unless_passed) + 1]
+        missing = [p.name for s in reachable for p in s.parts() if p.name not in names]
         if missing:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version} cannot take v{older.version} sagas that have "

@@ -153,6 +153,18 @@ def test_a_wait_cannot_be_a_member() -> None:
         saga.wait("approval", event="approved", payload=Reserved)
 
 
+def test_a_version_that_drops_a_member_cannot_take_sagas_that_may_be_inside_the_group() -> None:
+    older = order_saga()
+    newer = Saga("order", data=Order, version=2)
+    newer.remote("create", service="orders", command=lambda d: Reserve(what="order"))
+    with newer.parallel("reserve"):
+        newer.remote("reserve_stock", service="inventory", command=lambda d: Reserve(what="s"))
+    newer.remote("charge", service="payments", command=lambda d: Reserve(what="charge"))
+    newer.migrate_from(1, unless_passed="reserve")
+    with pytest.raises(ConfigurationError, match=r"lacks their steps \['reserve_credit'\]"):
+        newer.validate_migration(older)
+
+
 def test_the_shape_of_a_group_names_its_members() -> None:
     [_, group, _] = shape(order_saga())
     assert group["kind"] == "parallel"
