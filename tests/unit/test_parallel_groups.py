@@ -16,6 +16,7 @@ from saga.engine.transitions import Transition
 from saga.errors import ConfigurationError
 from saga.messaging.control import Ack, FailureReply
 from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
+from saga.testing import SagaScenario
 from tests.support.saga_model import MemorySteps
 
 SAGA_ID = UUID(int=1)
@@ -163,6 +164,17 @@ def test_a_version_that_drops_a_member_cannot_take_sagas_that_may_be_inside_the_
     newer.migrate_from(1, unless_passed="reserve")
     with pytest.raises(ConfigurationError, match=r"lacks their steps \['reserve_credit'\]"):
         newer.validate_migration(older)
+
+
+def test_a_scenario_takes_the_members_commands_in_any_order() -> None:
+    s = SagaScenario(order_saga(), Order())
+    s.expect_command("orders", Reserve(what="order")).reply()
+    s.expect_command("customers", Reserve(what="credit")).reply(Reserved(reference="c-1"))
+    s.expect_command("inventory", Reserve(what="stock")).reply(Reserved(reference="s-1"))
+    s.expect_command("payments", Reserve(what="charge")).reply()
+    s.run_until_idle()
+    assert s.record.status is SagaStatus.COMPLETED
+    assert s.record.data == {"stock": "s-1", "credit": "c-1"}
 
 
 def test_the_shape_of_a_group_names_its_members() -> None:
