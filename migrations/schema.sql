@@ -84,12 +84,12 @@ CREATE TABLE saga_instances (
     updated_at         timestamptz NOT NULL DEFAULT now(),
     step_started_at    timestamptz,
     finished_at        timestamptz,
-    waiting_for        text,
-    wait_schema        jsonb,
-    wait_deadline      timestamptz,
     idempotency_fingerprint text,
     failed_step        text,
-    wait_key           text
+    -- what the kind of step the saga is at keeps (a wait: its event, key, schema, deadline)
+    step_state         jsonb       NOT NULL DEFAULT '{}',
+    waiting_for        text GENERATED ALWAYS AS (step_state ->> 'waiting_for') STORED,
+    wait_key           text GENERATED ALWAYS AS (step_state ->> 'wait_key') STORED
 );
 
 CREATE UNIQUE INDEX saga_instances_idempotency

@@ -16,135 +16,52 @@ saga is registered), not when a saga instance first reaches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.db.sql import Tx, validate_name
-from saga.engine.builders import CommandBuilder, FieldsBuilder, as_builder, message_class
+from saga.engine.builders import as_builder, message_class
 from saga.engine.saga_data import check_storable
+from saga.engine.steps import LocalStep, ParallelGroup, RemoteStep, Step, WaitStep
+from saga.engine.steps.kind import StepKind
+from saga.engine.steps.options import (
+    COMPENSATE,
+    HOLD,
+    RETRY,
+    KeyOf,
+    LocalAction,
+    StepRetry,
+)
 from saga.errors import ConfigurationError
 from saga.messaging.envelope import message_type_of
+
+__all__ = [
+    "COMPENSATE",
+    "HOLD",
+    "RETRY",
+    "LocalAction",
+    "LocalStep",
+    "MigrationRule",
+    "ParallelGroup",
+    "RemoteStep",
+    "Saga",
+    "Step",
+    "StepRetry",
+    "WaitStep",
+]
 
 D = TypeVar("D", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 
-#: ``on_timeout`` / ``on_deadline`` / ``on_dead_letter`` values.
-COMPENSATE = "compensate"
-RETRY = "retry"
-HOLD = "hold"
 DEFAULT_MAX_DATA_BYTES = 64 * 1024
-LocalAction = Callable[[Tx, Any], BaseModel | None]
-ReplyHandler = Callable[[Any, Any], BaseModel]
-Condition = Callable[[Any], bool]
-#: A key out of saga data or an event (compared as text).
-KeyOf = Callable[[Any], object]
-
-
-@dataclass(frozen=True, slots=True)
-class StepRetry:
-    """How often a step after the pivot, or a compensation, is tried again.
-
-    Attempt ``n`` waits ``min(initial_delay * 2 ** (n - 1), max_delay)`` seconds.
-    """
-
-    attempts: int = 5
-    initial_delay: float = 1.0
-    max_delay: float = 60.0
-
-    def delay(self, attempt: int) -> float:
-        return float(min(self.initial_delay * 2 ** max(attempt - 1, 0), self.max_delay))
-
-
-@dataclass(frozen=True, slots=True)
-class LocalStep:
-    """Code run inside the orchestrator's own transaction."""
-
-    name: str
-    action: LocalAction
-    compensation: LocalAction | str | None = None
-    when: Condition | None = None
-    pivot: bool = False
-    retry: StepRetry | None = None
-
-    kind = "local"
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteStep:
-    """A command sent to a participant service, completed by its reply."""
-
-    name: str
-    command: CommandBuilder
-    service: str | None = None
-    command_type: type[BaseModel] | None = None
-    reply: type[BaseModel] | None = None
-    on_reply: ReplyHandler | None = None
-    compensation: CommandBuilder | None = None
-    compensation_service: str | None = None
-    when: Condition | None = None
-    pivot: bool = False
-    retry: StepRetry | None = None
-    deadline: timedelta | None = None
-    on_deadline: str = RETRY
-    on_dead_letter: str = COMPENSATE
-
-    kind = "remote"
-
-
-@dataclass(frozen=True, slots=True)
-class WaitStep:
-    """A durable wait for a named external event (``saga signal``), with a timeout.
-
-    While it waits no process holds the saga: it is a row, and its timeout a
-    scheduled message. ``on_event(data, event)`` returns the new data (or
-    None); raising :class:`~saga.errors.StepFailed` compensates, or, after the
-    pivot, refuses the event and keeps waiting. On timeout the saga compensates,
-    or jumps to the step named by ``on_timeout``.
-
-    With ``correlate`` the wait is for a published event (``payload`` is its class):
-    the saga waits under the key ``correlate(data)``, and an event whose
-    ``event_key(event)`` is that key ends the wait (a signal still does too).
-    """
-
-    name: str
-    event: str
-    payload: type[BaseModel]
-    timeout: timedelta | None = None
-    on_event: ReplyHandler | None = None
-    on_timeout: str = COMPENSATE
-    when: Condition | None = None
-    pivot: bool = False
-    retry: StepRetry | None = None
-    compensation: None = None
-    correlate: KeyOf | None = None
-    event_key: KeyOf | None = None
-
-    kind = "wait"
-
-    def key_of_data(self, data: BaseModel) -> str | None:
-        """The key this wait is under for ``data``; None for a wait that no event ends."""
-        return _key(self.correlate, data, f"correlate of wait step {self.name!r}")
-
-    def key_of_event(self, event: BaseModel) -> str | None:
-        """The key ``event`` carries for this wait (None when it waits for no event)."""
-        return _key(self.event_key, event, f"event_key of wait step {self.name!r}")
-
-
-def _key(key_of: KeyOf | None, value: BaseModel, what: str) -> str | None:
-    """``key_of(value)`` as text: keys compare as text, whatever type they have."""
-    if key_of is None:
-        return None
-    key = key_of(value)
-    if key is None or key == "":
-        raise ConfigurationError(f"{what} gave no key for {type(value).__name__} {value!r}")
-    return str(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,12 +75,10 @@ class MigrationRule:
     unless_passed: str
 
 
-Step = LocalStep | RemoteStep | WaitStep
-
-
 @dataclass(slots=True)
 class _Draft:
     local_compensations: dict[str, LocalAction] = field(default_factory=dict)
+    group: list[LocalStep | RemoteStep] | None = None  # the members of ``with parallel()``
 
 
 class SagaHost(Protocol):
@@ -236,7 +151,7 @@ class Saga(Generic[D]):
         """
 
         def register(action: Callable[[Tx, D], D | None]) -> Callable[[Tx, D], D | None]:
-            self.steps.append(LocalStep(name, action, compensate, when, pivot, retry))
+            self._add(LocalStep(name, action, compensate, when, pivot, retry))
             return action
 
         return register
@@ -289,16 +204,7 @@ class Saga(Generic[D]):
         (the saga goes on) or purges it (the saga compensates, this step included).
         Either way a compensation must tolerate "nothing to undo".
         """
-        for option, value, allowed in (
-            ("on_deadline", on_deadline, (RETRY, COMPENSATE)),
-            ("on_dead_letter", on_dead_letter, (COMPENSATE, HOLD)),
-        ):
-            if value not in allowed:
-                raise ConfigurationError(
-                    f"step {name!r}: {option} must be {allowed[0]!r} or {allowed[1]!r}, "
-                    f"not {value!r}"
-                )
-        self.steps.append(
+        self._add(
             RemoteStep(
                 name=name,
                 command=as_builder(command),
@@ -355,8 +261,42 @@ class Saga(Generic[D]):
             raise ConfigurationError(f"wait step {name!r}: give payload= for signal {event!r}")
         else:
             event_name = event
+        if self._draft.group is not None:
+            raise ConfigurationError(
+                f"wait step {name!r} cannot be a member of a parallel group: declare it "
+                "before or after the `with saga.parallel(...)` block"
+            )
         step = WaitStep(name, event_name, payload, timeout, on_event, on_timeout, when)
         self.steps.append(replace(step, correlate=correlate, event_key=_key_of(event_key)))
+
+    @contextmanager
+    def parallel(self, name: str, *, when: Callable[[D], bool] | None = None) -> Iterator[None]:
+        """Steps declared in this block run at once, as one step called ``name``.
+
+        >>> with order.parallel("reserve"):                      # doctest: +SKIP
+        ...     order.remote("reserve_stock", command=ReserveStock, ...)
+        ...     order.remote("reserve_credit", command=ReserveCredit, ...)
+
+        Every member starts when the saga reaches the group (their commands leave in one
+        transaction); the saga goes on when all have answered. If one fails, the members
+        that succeeded and the steps before the group are compensated, latest first; a
+        member still out then is compensated if its success comes later. Members are local
+        or remote steps with their own options (deadlines, ``on_dead_letter``); a member
+        may not be the pivot, and a group may not come after the pivot. See docs/sagas.md.
+        """
+        if self._draft.group is not None:
+            raise ConfigurationError(f"parallel group {name!r}: groups do not nest")
+        members: list[LocalStep | RemoteStep] = []
+        self._draft.group = members
+        try:
+            yield
+        finally:
+            self._draft.group = None
+        self.steps.append(ParallelGroup(name, tuple(members), when))
+
+    def _add(self, step: LocalStep | RemoteStep) -> None:
+        """A declared step: the saga's next one, or a member of the group being declared."""
+        (self.steps if self._draft.group is None else self._draft.group).append(step)
 
     def migrate_from(self, version: int, *, unless_passed: str) -> None:
         """Move running sagas of ``version`` to this one, except those past ``unless_passed``.
@@ -372,13 +312,26 @@ class Saga(Generic[D]):
     # -- inspection ----------------------------------------------------------
 
     def step(self, name: str) -> Step:
-        for step in self.steps:
-            if step.name == name:
-                return step
+        """The step called ``name``, at the top or inside another step."""
+        step = self.find(name)
+        if step is not None:
+            return step
         raise KeyError(f"saga {self.name!r} v{self.version} has no step {name!r}")
 
+    def find(self, name: str) -> Step | None:
+        """The step called ``name`` (at the top or inside another step); None if none is."""
+        for step in self.steps:
+            for part in step.parts():
+                if part.name == name:
+                    return cast("Step", part)  # the parts of a step are steps
+        return None
+
     def index(self, name: str) -> int:
-        return self.steps.index(self.step(name))
+        """The place of step ``name`` in the saga (a step inside another: the outer one's)."""
+        for i, step in enumerate(self.steps):
+            if any(part.name == name for part in step.parts()):
+                return i
+        raise KeyError(f"saga {self.name!r} v{self.version} has no step {name!r}")
 
     @property
     def pivot_index(self) -> int | None:
@@ -392,8 +345,12 @@ class Saga(Generic[D]):
         pivot = self.pivot_index
         return pivot is not None and self.index(name) > pivot
 
-    def retry_for(self, step: Step) -> StepRetry:
+    def retry_for(self, step: StepKind) -> StepRetry:
         return step.retry or self.retry
+
+    def defines_local_compensation(self, name: str) -> bool:
+        """True when a ``@local_compensation`` of this saga is called ``name``."""
+        return name in self._draft.local_compensations
 
     def local_compensation_for(self, step: LocalStep) -> LocalAction | None:
         if step.compensation is None or callable(step.compensation):
@@ -466,109 +423,45 @@ class Saga(Generic[D]):
             problems.append(f"more than one pivot step: {pivots}")
         pivot = self.pivot_index
         for i, step in enumerate(self.steps):
-            try:
-                validate_name(step.name, "step name")
-            except ConfigurationError as exc:
-                problems.append(str(exc))
-            if step.name in seen:
-                problems.append(f"duplicate step name {step.name!r}")
-            seen.add(step.name)
+            for part in step.parts():
+                try:
+                    validate_name(part.name, "step name")
+                except ConfigurationError as exc:
+                    problems.append(str(exc))
+                if part.name in seen:
+                    problems.append(f"duplicate step name {part.name!r}")
+                seen.add(part.name)
             has_compensation = step.compensation is not None
             if pivot is not None and i > pivot and has_compensation:
                 problems.append(
                     f"step {step.name!r} comes after the pivot {self.steps[pivot].name!r} "
                     "and so is never compensated; remove its compensation"
                 )
-            if isinstance(step, WaitStep):
-                problems.extend(self._wait_problems(i, step, pivot))
-            elif isinstance(step, LocalStep):
-                name = step.compensation
-                if isinstance(name, str) and name not in self._draft.local_compensations:
-                    problems.append(
-                        f"step {step.name!r} names compensation {name!r}, "
-                        "which no @local_compensation defines"
-                    )
-            else:
-                problems.extend(self._route_problems(step, routes))
-                problems.extend(self._field_problems(step))
+            problems.extend(step.problems(self, i, routes))
         if problems:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version} is invalid:\n  - " + "\n  - ".join(problems)
             )
-
-    def _wait_problems(self, index: int, step: WaitStep, pivot: int | None) -> list[str]:
-        problems: list[str] = []
-        if not (isinstance(step.payload, type) and issubclass(step.payload, BaseModel)):
-            problems.append(f"wait step {step.name!r}: payload must be a pydantic model class")
-        target = step.on_timeout
-        if step.timeout is None:
-            return problems  # without a timeout, on_timeout never applies
-        if target != COMPENSATE:
-            if target not in [s.name for s in self.steps[index + 1 :]]:
-                problems.append(
-                    f"wait step {step.name!r}: on_timeout {target!r} is neither 'compensate' "
-                    "nor a later step"
-                )
-        elif pivot is not None and index > pivot:
-            problems.append(
-                f"wait step {step.name!r} is after the pivot, so its timeout cannot compensate; "
-                "name a later step in on_timeout"
-            )
-        return problems
 
     def validate_migration(self, older: Saga[Any]) -> None:
         """Check that sagas of ``older`` can continue on this version under its rule."""
         rule = self.migration_from(older.version)
         if rule is None:
             return
-        names = {s.name for s in self.steps}
-        older_names = [s.name for s in older.steps]
-        if rule.unless_passed not in names or rule.unless_passed not in older_names:
+        names = {part.name for step in self.steps for part in step.parts()}
+        if rule.unless_passed not in names or older.find(rule.unless_passed) is None:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version}: migration guard step {rule.unless_passed!r} "
                 f"must exist in v{older.version} and v{self.version}"
             )
-        reachable = older_names[: older_names.index(rule.unless_passed) + 1]
-        missing = [n for n in reachable if n not in names]
+        # the steps a saga that has not passed the guard may be at, a group's members included
+        reachable = older.steps[: older.index(rule.unless_passed) + 1]
+        missing = [p.name for s in reachable for p in s.parts() if p.name not in names]
         if missing:
             raise ConfigurationError(
                 f"saga {self.name!r} v{self.version} cannot take v{older.version} sagas that have "
                 f"not passed {rule.unless_passed!r}: it lacks their steps {missing}"
             )
-
-    def _field_problems(self, step: RemoteStep) -> list[str]:
-        """Messages built from the data's fields that need a field the data lacks."""
-        problems: list[str] = []
-        for what, builder in (("command", step.command), ("compensation", step.compensation)):
-            if isinstance(builder, FieldsBuilder):
-                missing = builder.missing_fields(self.data_model)
-                if missing:
-                    problems.append(
-                        f"step {step.name!r}: its {what} {builder.model.__name__} is built from "
-                        f"the fields of {self.data_model.__name__}, which lacks its required "
-                        f"field(s) {', '.join(missing)}; add them to the data, or pass a "
-                        "function of the data"
-                    )
-        return problems
-
-    def _route_problems(self, step: RemoteStep, routes: dict[type[BaseModel], str]) -> list[str]:
-        if step.service:
-            try:
-                validate_name(step.service, "service name")
-            except ConfigurationError as exc:
-                return [f"step {step.name!r}: {exc}"]
-            return []
-        if step.command_type is None:
-            return [
-                f"step {step.name!r}: the command's type is unknown and no service= is given; "
-                "pass service=, or a message class / annotated function as command="
-            ]
-        if step.command_type not in routes:
-            return [
-                f"step {step.name!r}: command type {step.command_type.__name__} has no route; "
-                "pass service= or add it to the registry's routes"
-            ]
-        return []
 
 
 def _key_of(event_key: str | KeyOf | None) -> KeyOf | None:

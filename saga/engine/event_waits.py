@@ -168,4 +168,4 @@ class EventDelivery:
     def _key_for(self, record: SagaRecord, event: BaseModel) -> str | None:
         """The key ``event`` carries for the wait step ``record`` is at (None: no such wait)."""
         step = self._definition(record).step(record.step) if record.step else None
-        return step.key_of_event(event) if isinstance(step, WaitStep) else None
+        return step.key_of_event(event) if step is not None else None

@@ -15,33 +15,17 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from saga.engine.definition import RemoteStep, WaitStep
-from saga.messaging.envelope import message_type_of
+from saga.engine.steps.kind import StepShape
 
 if TYPE_CHECKING:
     from saga.engine.definition import Saga
 
-#: One step as recorded: name, kind, pivot, compensated, and what it waits for.
-StepShape = dict[str, Any]
+__all__ = ["StepShape", "describe_change", "fingerprint", "shape"]
 
 
 def shape(saga: Saga[Any]) -> list[StepShape]:
     """What running instances of ``saga`` depend on, step by step, in order."""
-    steps: list[StepShape] = []
-    for step in saga.steps:
-        entry: StepShape = {
-            "step": step.name,
-            "kind": step.kind,
-            "pivot": step.pivot,
-            "compensated": step.compensation is not None,
-        }
-        if isinstance(step, RemoteStep):
-            entry["reply"] = message_type_of(step.reply) if step.reply is not None else None
-        elif isinstance(step, WaitStep):
-            entry["event"] = step.event
-            entry["on_timeout"] = step.on_timeout if step.timeout is not None else None
-        steps.append(entry)
-    return steps
+    return [step.shape() for step in saga.steps]
 
 
 def fingerprint(steps: list[StepShape]) -> str:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga.engine import fingerprints, signals
 from saga.engine.batch import SagaBatch, SagaBatches
-from saga.engine.definition import RemoteStep, Saga, WaitStep
+from saga.engine.definition import Saga, WaitStep
 from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
 from saga.engine.state import Phase, SagaRecord, StepLogEntry
@@ -101,7 +101,7 @@ class SagaRegistry:
             raise ConfigurationError(
                 f"saga {saga.name!r} version {saga.version} is registered twice"
             )
-        replies = [s.reply for s in saga.steps if isinstance(s, RemoteStep) and s.reply]
+        replies = [reply for step in saga.steps for reply in step.expects()]
         for reply in replies:
             name = message_type_of(reply)
             known = self._reply_types.get(name) or self._events.get(name, (None,))[0]
@@ -122,8 +122,7 @@ class SagaRegistry:
 
     def _add_event_waits(self, saga: Saga[Any]) -> None:
         """Subscribe (when the service starts) to the events ``saga``'s wait steps wait for."""
-        waits = [s for s in saga.steps if isinstance(s, WaitStep) and s.correlate is not None]
-        for step in waits:
+        for step in (wait for kind in saga.steps for wait in kind.event_waits()):
             event_class, steps = self._events.setdefault(step.event, (step.payload, []))
             clash = self._reply_types.get(step.event)
             if event_class is not step.payload or clash is not None:
@@ -233,9 +232,11 @@ class SagaRegistry:
         """The waiting saga's record, the event, and ``data`` checked by its wait step."""
         record = signals.check_waiting(record, saga_id, event)
         step = self.definition(record.name, record.saga_version).step(record.step or "")
-        assert isinstance(step, WaitStep)
+        model = step.signal_payload()
+        if model is None:
+            raise SignalRejected(f"saga {saga_id} is at step {step.name!r}, which takes no signal")
         try:
-            payload = step.payload.model_validate(
+            payload = model.model_validate(
                 data.model_dump(mode="json") if isinstance(data, BaseModel) else data
             )
         except ValidationError as exc:

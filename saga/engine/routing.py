@@ -1,6 +1,7 @@
 """Whether an event still applies to a saga, decided from its record alone.
 
-A saga waits for one message at a time (``pending_message_id``). A reply, retry
+A saga waits for one message at a time (``pending_message_id``), or, at a parallel group,
+for each member's (the group's state lists them). A reply, retry
 timer, wait timeout or deadline that is not about that message came too late (a
 duplicate, an answer to an earlier attempt, a timer that lost a race): it must
 change nothing. The orchestrator asks these questions before it builds a
@@ -19,8 +20,13 @@ from saga.messaging.envelope import COMPENSATES_HEADER, Envelope
 
 
 def awaits(record: SagaRecord, message_id: UUID | None) -> bool:
-    """True when the saga waits for ``message_id`` (its pending request or timer)."""
-    return record.pending_message_id is not None and record.pending_message_id == message_id
+    """True when the saga waits for ``message_id``: its pending request or timer, or one of
+    the messages its step awaits at once (``awaits`` in the step's state: a group's members)."""
+    if message_id is None:
+        return False
+    return record.pending_message_id == message_id or str(message_id) in record.step_state.get(
+        "awaits", ()
+    )
 
 
 def awaits_reply(record: SagaRecord, envelope: Envelope) -> bool:

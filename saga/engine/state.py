@@ -77,11 +77,22 @@ class SagaRecord:
     updated_at: datetime | None = None
     step_started_at: datetime | None = None
     finished_at: datetime | None = None
-    waiting_for: str | None = None
-    wait_schema: dict[str, Any] | None = None
-    wait_deadline: datetime | None = None
     failed_step: str | None = None  # the forward step whose failure made it compensate
-    wait_key: str | None = None  # the key of the published event it waits for
+    #: What the kind of step the saga is at keeps (JSON), owned by that kind's object in
+    #: :mod:`saga.engine.steps`; empty between steps.
+    step_state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def waiting_for(self) -> str | None:
+        """The event the saga waits for (a wait step's), if any."""
+        value = self.step_state.get("waiting_for")
+        return None if value is None else str(value)
+
+    @property
+    def wait_key(self) -> str | None:
+        """The key of the published event the saga waits for, if any."""
+        value = self.step_state.get("wait_key")
+        return None if value is None else str(value)
 
     @classmethod
     def new(

@@ -15,7 +15,8 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
-from saga.engine.definition import RemoteStep, Saga, Step
+from saga.engine.definition import RemoteStep, Saga
+from saga.engine.steps.kind import StepKind
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
@@ -60,11 +61,11 @@ class StepEnvelopes:
             message_id=message_id,
         )
 
-    def control(self, message: BaseModel, step: Step) -> Envelope:
+    def control(self, message: BaseModel, step: StepKind) -> Envelope:
         """A timer, deadline or wait timeout the saga sends itself about ``step``."""
         return self._wrap(message, headers={STEP_HEADER: step.name})
 
-    def step_key(self, step: Step) -> str:
+    def step_key(self, step: StepKind) -> str:
         """The idempotency key of a step's command: the same on every attempt of it."""
         return f"{self.saga_id}:{step.name}"
 

@@ -9,6 +9,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from saga.db.sql import render
@@ -17,17 +18,15 @@ from saga.errors import ConcurrentUpdate
 
 _COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
-    version, started_at, updated_at, step_started_at, finished_at, waiting_for, wait_schema,
-    wait_deadline, failed_step, wait_key"""
+    version, started_at, updated_at, step_started_at, finished_at, failed_step, step_state"""
 
 #: A new saga, written as its first transition left it (one statement per start).
 _INSERT = """
 INSERT INTO {schema}.saga_instances
     (id, name, saga_version, service, idempotency_key, idempotency_fingerprint, status, step,
      data, completed_steps, pending_message_id, step_attempt, cancel_requested, pivot_reached,
-     last_error, step_started_at, waiting_for, wait_schema, wait_deadline, failed_step,
-     wait_key, finished_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+     last_error, step_started_at, failed_step, step_state, finished_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
         CASE WHEN %s THEN now() END)
 ON CONFLICT (name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 """
@@ -43,8 +42,7 @@ _UPDATE = """
 UPDATE {schema}.saga_instances SET
     status = %s, step = %s, data = %s, completed_steps = %s, pending_message_id = %s,
     step_attempt = %s, cancel_requested = %s, pivot_reached = %s, last_error = %s,
-    step_started_at = %s, waiting_for = %s, wait_schema = %s, wait_deadline = %s,
-    failed_step = %s, wait_key = %s,
+    step_started_at = %s, failed_step = %s, step_state = %s,
     finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
@@ -60,15 +58,14 @@ UPDATE {schema}.saga_instances AS s SET
     pending_message_id = v.pending_message_id, step_attempt = v.step_attempt,
     cancel_requested = v.cancel_requested, pivot_reached = v.pivot_reached,
     last_error = v.last_error, step_started_at = v.step_started_at,
-    waiting_for = v.waiting_for, wait_schema = v.wait_schema, wait_deadline = v.wait_deadline,
-    failed_step = v.failed_step, wait_key = v.wait_key,
+    failed_step = v.failed_step, step_state = v.step_state,
     finished_at = CASE WHEN v.ended THEN coalesce(s.finished_at, now()) ELSE NULL END,
     updated_at = now(), version = s.version + 1
 FROM jsonb_to_recordset(%s) AS v(
     id uuid, version bigint, status text, step text, data jsonb, completed_steps text[],
     pending_message_id uuid, step_attempt int, cancel_requested boolean, pivot_reached boolean,
-    last_error text, step_started_at timestamptz, waiting_for text, wait_schema jsonb,
-    wait_deadline timestamptz, failed_step text, wait_key text, ended boolean)
+    last_error text, step_started_at timestamptz, failed_step text, step_state jsonb,
+    ended boolean)
 WHERE s.id = v.id AND s.version = v.version
 RETURNING s.id
 """
@@ -267,15 +264,17 @@ class SagaStore:
         return (row[0], row[1]) if row else None
 
     def load(self, conn: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord | None:
-        row = conn.execute(self._load, (saga_id,), prepare=True).fetchone()
+        cur = conn.cursor(row_factory=dict_row)
+        row = cur.execute(self._load, (saga_id,), prepare=True).fetchone()
         return None if row is None else _record(row)
 
     def load_many(
         self, conn: psycopg.Connection[Any], saga_ids: Sequence[UUID]
     ) -> dict[UUID, SagaRecord]:
         """The sagas among ``saga_ids`` that exist, by id, in one statement."""
-        rows = conn.execute(self._load_many, (list(saga_ids),), prepare=True).fetchall()
-        return {row[0]: _record(row) for row in rows}
+        cur = conn.cursor(row_factory=dict_row)
+        rows = cur.execute(self._load_many, (list(saga_ids),), prepare=True).fetchall()
+        return {row["id"]: _record(row) for row in rows}
 
     def save_many(self, conn: psycopg.Connection[Any], records: Sequence[SagaRecord]) -> None:
         """Write every record in one statement, each only if unchanged since it was read.
@@ -413,7 +412,8 @@ class AsyncSagaStore:
         return (row[0], row[1]) if row else None
 
     async def load(self, conn: psycopg.AsyncConnection[Any], saga_id: UUID) -> SagaRecord | None:
-        row = await (await conn.execute(self.store._load, (saga_id,), prepare=True)).fetchone()
+        cur = conn.cursor(row_factory=dict_row)
+        row = await (await cur.execute(self.store._load, (saga_id,), prepare=True)).fetchone()
         return None if row is None else _record(row)
 
     async def request_cancel(
@@ -442,11 +442,8 @@ def _state_params(record: SagaRecord) -> tuple[Any, ...]:
         record.pivot_reached,
         record.last_error,
         record.step_started_at,
-        record.waiting_for,
-        Jsonb(record.wait_schema) if record.wait_schema is not None else None,
-        record.wait_deadline,
         record.failed_step,
-        record.wait_key,
+        Jsonb(record.step_state),
         record.status.finished or record.status.needs_operator,
     )
 
@@ -455,33 +452,30 @@ def _cancel_params(saga_id: UUID, reason: str) -> tuple[str, UUID]:
     return f"cancelled: {reason}", saga_id
 
 
-def _record(row: Sequence[Any]) -> SagaRecord:
-    """A ``saga_instances`` row (selected as ``_COLUMNS``) as a record."""
+def _record(row: dict[str, Any]) -> SagaRecord:
+    """A ``saga_instances`` row (selected as ``_COLUMNS``, by column name) as a record."""
     return SagaRecord(
-        id=row[0],
-        name=row[1],
-        saga_version=row[2],
-        service=row[3],
-        status=SagaStatus(row[4]),
-        step=row[5],
-        data=row[6],
-        completed_steps=list(row[7]),
-        pending_message_id=row[8],
-        step_attempt=row[9],
-        cancel_requested=row[10],
-        pivot_reached=row[11],
-        last_error=row[12],
-        idempotency_key=row[13],
-        version=row[14],
-        started_at=row[15],
-        updated_at=row[16],
-        step_started_at=row[17],
-        finished_at=row[18],
-        waiting_for=row[19],
-        wait_schema=row[20],
-        wait_deadline=row[21],
-        failed_step=row[22],
-        wait_key=row[23],
+        id=row["id"],
+        name=row["name"],
+        saga_version=row["saga_version"],
+        service=row["service"],
+        status=SagaStatus(row["status"]),
+        step=row["step"],
+        data=row["data"],
+        completed_steps=list(row["completed_steps"]),
+        pending_message_id=row["pending_message_id"],
+        step_attempt=row["step_attempt"],
+        cancel_requested=row["cancel_requested"],
+        pivot_reached=row["pivot_reached"],
+        last_error=row["last_error"],
+        idempotency_key=row["idempotency_key"],
+        version=row["version"],
+        started_at=row["started_at"],
+        updated_at=row["updated_at"],
+        step_started_at=row["step_started_at"],
+        finished_at=row["finished_at"],
+        failed_step=row["failed_step"],
+        step_state=row["step_state"],
     )
 
 
@@ -500,11 +494,8 @@ def _row_document(record: SagaRecord) -> dict[str, Any]:
         "pivot_reached": record.pivot_reached,
         "last_error": record.last_error,
         "step_started_at": _text(record.step_started_at),
-        "waiting_for": record.waiting_for,
-        "wait_schema": record.wait_schema,
-        "wait_deadline": _text(record.wait_deadline),
         "failed_step": record.failed_step,
-        "wait_key": record.wait_key,
+        "step_state": record.step_state,
         "ended": record.status.finished or record.status.needs_operator,
     }
 

@@ -81,7 +81,7 @@ def test_once_nothing_of_the_version_is_unfinished_a_changed_definition_is_recor
 ) -> None:
     db.execute(
         "UPDATE saga.saga_instances SET status = 'compensated', finished_at = now(), "
-        "waiting_for = NULL"
+        "step_state = '{}'"
     )
     with running_service(loans.registry_v1_edited.as_service(), db, rabbit):
         pass

@@ -73,7 +73,9 @@ def effects(db: TestDatabase, key: str) -> list[str]:
 def test_signals_move_a_waiting_saga_to_completion(db: TestDatabase, lending: None) -> None:
     saga_id = start(db, "loan", "l1")
     wait_until(lambda: waiting_for(db, saga_id, "approval"), what="waiting for approval")
-    schema = db.scalar("SELECT wait_schema FROM saga.saga_instances WHERE id = %s", (saga_id,))
+    schema = db.scalar(
+        "SELECT step_state -> 'wait_schema' FROM saga.saga_instances WHERE id = %s", (saga_id,)
+    )
     assert schema["required"] == ["approver"]
     signal(db, saga_id, "approval", loans.Approval(approver="ann"))
     wait_until(lambda: waiting_for(db, saga_id, "signature"), what="waiting for signature")

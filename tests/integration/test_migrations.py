@@ -84,8 +84,10 @@ def _catalog(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[tuple
     q = {
         "columns": """
             SELECT table_name, column_name, data_type, is_nullable, column_default, is_identity,
-                   ordinal_position
-            FROM information_schema.columns WHERE table_schema = %s ORDER BY 1, 7""",
+                   generation_expression,
+                   -- the column's place (a dropped column leaves a gap in ordinal_position)
+                   row_number() OVER (PARTITION BY table_name ORDER BY ordinal_position)
+            FROM information_schema.columns WHERE table_schema = %s ORDER BY 1, 8""",
         "indexes": """
             SELECT tablename, indexname, replace(indexdef, %s || '.', '')
             FROM pg_indexes WHERE schemaname = %s ORDER BY 1, 2""",

@@ -1,0 +1,177 @@
+"""A parallel group on real PostgreSQL, over RabbitMQ and the PostgreSQL broker: members
+answered in whatever order the participants manage, the saga completing when all have, and
+a failed member compensating what its siblings and the steps before did, once each."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from uuid import UUID
+
+import pytest
+from pydantic import BaseModel
+
+from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
+from tests.support.brokers import TestBroker
+from tests.support.databases import TestDatabase
+from tests.support.running import running_relay, running_service
+from tests.support.services import EFFECTS_DDL
+from tests.support.wait import wait_until
+
+
+class Order(BaseModel):
+    order_id: str
+    credit_fails: bool = False
+    stock_ref: str | None = None
+
+
+class ReserveStock(BaseModel):
+    order_id: str
+
+
+class StockReserved(BaseModel):
+    reference: str
+
+
+class ReleaseStock(BaseModel):
+    order_id: str
+
+
+class ReserveCredit(BaseModel):
+    order_id: str
+    credit_fails: bool
+
+
+class ReleaseCredit(BaseModel):
+    order_id: str
+
+
+class Confirm(BaseModel):
+    order_id: str
+
+
+def effect(tx: Tx, kind: str, key: str) -> None:
+    tx.execute("INSERT INTO public.effects (kind, key) VALUES (%s, %s)", (kind, key))
+
+
+order = Saga("parallel_order", data=Order)
+
+
+@order.local("open", compensate="close")
+def open_order(tx: Tx, d: Order) -> None:
+    effect(tx, "open", d.order_id)
+
+
+@order.local_compensation("close")
+def close_order(tx: Tx, d: Order) -> None:
+    effect(tx, "close", d.order_id)
+
+
+with order.parallel("reserve"):
+    order.remote(
+        "reserve_stock",
+        service="stores",
+        command=ReserveStock,
+        reply=StockReserved,
+        on_reply=lambda d, r: d.model_copy(update={"stock_ref": r.reference}),
+        compensate=ReleaseStock,
+    )
+    order.remote(
+        "reserve_credit", service="stores", command=ReserveCredit, compensate=ReleaseCredit
+    )
+
+    @order.local("note")
+    def note(tx: Tx, d: Order) -> None:
+        effect(tx, "note", d.order_id)
+
+
+order.remote("confirm", service="stores", command=Confirm)
+
+FAST = RetryPolicy(immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.05,))
+registry = SagaRegistry("parallel_orders", retry=FAST)
+registry.register(order)
+stores = Service("stores", retry=FAST)
+
+
+@stores.handler(ReserveStock)
+def reserve_stock(tx: Tx, cmd: ReserveStock, ctx: HandlerContext) -> StockReserved:
+    effect(tx, "stock", cmd.order_id)
+    return StockReserved(reference=f"s-{cmd.order_id}")
+
+
+@stores.handler(ReleaseStock)
+def release_stock(tx: Tx, cmd: ReleaseStock, ctx: HandlerContext) -> None:
+    effect(tx, "release_stock", cmd.order_id)
+
+
+@stores.handler(ReserveCredit)
+def reserve_credit(tx: Tx, cmd: ReserveCredit, ctx: HandlerContext) -> None:
+    if cmd.credit_fails:
+        raise StepFailed("no credit")
+    effect(tx, "credit", cmd.order_id)
+
+
+@stores.handler(ReleaseCredit)
+def release_credit(tx: Tx, cmd: ReleaseCredit, ctx: HandlerContext) -> None:
+    effect(tx, "release_credit", cmd.order_id)
+
+
+@stores.handler(Confirm)
+def confirm(tx: Tx, cmd: Confirm, ctx: HandlerContext) -> None:
+    effect(tx, "confirm", cmd.order_id)
+
+
+@pytest.fixture(autouse=True)
+def _effects_table(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+
+
+@contextmanager
+def orders_running(db: TestDatabase, broker: TestBroker) -> Iterator[None]:
+    with ExitStack() as stack:
+        stack.enter_context(running_relay(db, broker))
+        stack.enter_context(running_service(registry.as_service(), db, broker))
+        stack.enter_context(running_service(stores, db, broker))
+        yield
+
+
+def start(db: TestDatabase, data: Order) -> UUID:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        return order.start(conn, data)
+
+
+def settled(db: TestDatabase, saga_id: UUID, status: str) -> None:
+    query = "SELECT status FROM saga.saga_instances WHERE id = %s"
+    wait_until(lambda: db.scalar(query, (saga_id,)) == status, timeout=30, what=status)
+
+
+def effects(db: TestDatabase) -> Counter[str]:
+    return Counter(r[0] for r in db.rows("SELECT kind FROM public.effects"))
+
+
+def test_the_group_completes_once_every_member_answered(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, Order(order_id="o1"))
+        settled(db, saga_id, "completed")
+    assert effects(db) == Counter(open=1, stock=1, credit=1, note=1, confirm=1)
+    data = db.scalar("SELECT data FROM saga.saga_instances WHERE id = %s", (saga_id,))
+    assert data["stock_ref"] == "s-o1"
+    members = db.rows(
+        "SELECT step FROM saga.saga_steps WHERE saga_id = %s AND outcome = 'succeeded'",
+        (saga_id,),
+    )
+    assert {r[0] for r in members} >= {"reserve_stock", "reserve_credit", "note"}
+
+
+def test_a_failed_member_undoes_its_siblings_and_the_steps_before_once_each(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, Order(order_id="o2", credit_fails=True))
+        settled(db, saga_id, "compensated")
+        # the stock reservation may answer after the failure: its late success is undone
+        wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
+    assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)

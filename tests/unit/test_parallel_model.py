@@ -1,0 +1,311 @@
+"""Model-based tests of parallel groups: members answered in any order, against a participant.
+
+Hypothesis draws a saga with a parallel group (remote and local members, some compensated,
+some with deadlines, a local member that may fail), maybe a step before it and one after,
+then answers the saga's requests in any order (success, business failure, dead letter),
+answers some twice, fires deadlines, and resumes the saga (sending again what it waits
+for). The participant keeps the first outcome of each command (as its inbox would) and
+applies each compensation key once, counting them.
+
+After every event nothing is undone twice, and nothing is undone that did not take effect
+(or may have: a dead-lettered command, a deadline given up on). At the end a cooperative
+world answers everything still out; the saga must have completed (nothing undone) or
+compensated, with every step that took effect undone exactly once.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+from pydantic import BaseModel
+
+from saga import Saga, StepRetry
+from saga.engine.definition import COMPENSATE, RETRY
+from saga.engine.routing import awaits_reply, deadline_applies, may_undo
+from saga.engine.state import SagaRecord, SagaStatus
+from saga.engine.transitions import Transition
+from saga.errors import StepFailed
+from saga.messaging.control import DEAD_LETTERED, Ack, FailureReply, StepDeadline
+from saga.messaging.envelope import (
+    COMPENSATES_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    STEP_HEADER,
+    Envelope,
+    message_type_of,
+)
+from tests.support.saga_model import MemorySteps
+
+HOME = "home"
+SAGA_ID = UUID(int=1)
+OUTCOMES = ["ok", "failed", DEAD_LETTERED]
+DEADLINE = message_type_of(StepDeadline)
+
+
+class Data(BaseModel):
+    order: str = "o-1"
+
+
+class Command(BaseModel):
+    step: str
+
+
+class Undo(BaseModel):
+    step: str
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of the generated group, as Hypothesis prints it when it reports a failure."""
+
+    name: str
+    local: bool = False
+    compensated: bool = True
+    deadline: str | None = None  # None, RETRY or COMPENSATE
+    fails: bool = False  # a local member that raises StepFailed
+
+
+@dataclass(frozen=True)
+class Shape:
+    before: bool
+    members: tuple[Member, ...]
+    after: bool
+
+
+@st.composite
+def shapes(draw: st.DrawFn) -> Shape:
+    count = draw(st.integers(min_value=2, max_value=4))
+    members = []
+    for i in range(count):
+        local = draw(st.booleans()) and i > 0
+        members.append(
+            Member(
+                name=f"m{i}",
+                local=local,
+                compensated=draw(st.booleans()) or draw(st.booleans()),
+                deadline=None if local else draw(st.sampled_from([None, RETRY, COMPENSATE])),
+                fails=local and draw(st.booleans()) and draw(st.booleans()),
+            )
+        )
+    return Shape(draw(st.booleans()), tuple(members), draw(st.booleans()))
+
+
+class GroupMachine(RuleBasedStateMachine):
+    """One saga with a parallel group, moved by Transition and the routing rules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: Iterator[int] = itertools.count(100)
+        self.clock = datetime(2025, 1, 1, tzinfo=UTC)
+        self.requests: list[Envelope] = []  # commands and compensations sent
+        self.deadlines: list[Envelope] = []
+        self.outcome: dict[UUID, str] = {}  # the first outcome of each command (its inbox)
+        self.took_effect: list[str] = []
+        self.in_doubt: set[str] = set()  # may have taken effect
+        self.undone: Counter[str] = Counter()
+        self.applied_undos: set[str] = set()  # compensation keys applied
+        self.answered_undos: set[UUID] = set()
+
+    def new_id(self) -> UUID:
+        return UUID(int=next(self.ids))
+
+    # -- the saga -----------------------------------------------------------------
+
+    def build(self, shape: Shape) -> Saga[Data]:
+        saga = Saga("model", data=Data, retry=StepRetry(attempts=2))
+        if shape.before:
+            self.remote(saga, Member("before"))
+        with saga.parallel("group"):
+            for member in shape.members:
+                if member.local:
+                    self.local(saga, member)
+                else:
+                    self.remote(saga, member)
+        if shape.after:
+            self.remote(saga, Member("after"))
+        return saga
+
+    def remote(self, saga: Saga[Data], member: Member) -> None:
+        name = member.name
+        saga.remote(
+            name,
+            service="participant",
+            command=lambda d, n=name: Command(step=n),
+            compensate=(lambda d, n=name: Undo(step=n)) if member.compensated else None,
+            deadline=timedelta(seconds=30) if member.deadline else None,
+            on_deadline=member.deadline or RETRY,
+        )
+
+    def local(self, saga: Saga[Data], member: Member) -> None:
+        def action(tx: object, data: Data) -> None:
+            if member.fails:
+                raise StepFailed(f"{member.name} failed by the model")
+            self.took_effect.append(member.name)
+
+        def undo(tx: object, data: Data) -> None:
+            self.undone[member.name] += 1
+
+        saga.local(member.name, compensate=undo if member.compensated else None)(action)
+
+    # -- playing the orchestrator -------------------------------------------------------
+
+    def transition(self, cause: Envelope | None) -> Transition:
+        self.clock += timedelta(seconds=1)
+        return Transition(
+            self.saga,
+            copy.deepcopy(self.record),  # the orchestrator loads it afresh
+            cause=cause,
+            at=self.clock,
+            home_service=HOME,
+            local_steps=MemorySteps(self.clock),
+            new_id=self.new_id,
+        )
+
+    def commit(self, run: Transition) -> None:
+        result = run.result()
+        self.record = result.record
+        for message in result.outgoing:
+            envelope = message.envelope
+            if envelope.type == DEADLINE:
+                self.deadlines.append(envelope)
+            else:
+                assert message.destination != HOME, envelope.type
+                self.requests.append(envelope)
+        self.check_undos()
+
+    def check_undos(self) -> None:
+        for request in self.requests:
+            step = request.headers[STEP_HEADER]
+            if COMPENSATES_HEADER in request.headers:
+                assert step in self.took_effect or step in self.in_doubt, (
+                    f"{step} compensated though it took no effect ({self.took_effect})"
+                )
+        assert all(n <= 1 for n in self.undone.values()), f"undone twice: {self.undone}"
+
+    @initialize(shape=shapes())
+    def start(self, shape: Shape) -> None:
+        self.shape = shape
+        self.compensated = {m.name for m in shape.members if m.compensated} | {"before", "after"}
+        self.saga = self.build(shape)
+        self.saga.validate()
+        self.record = SagaRecord.new(SAGA_ID, "model", 1, HOME, Data().model_dump())
+        run = self.transition(None)
+        run.advance(0)
+        self.commit(run)
+
+    def answer(self, request: Envelope, outcome: str) -> None:
+        """The participant answers ``request`` (its first outcome, if it answered before)."""
+        step = request.headers[STEP_HEADER]
+        undo = COMPENSATES_HEADER in request.headers
+        if undo:
+            outcome = "ok"
+            key = request.headers[IDEMPOTENCY_KEY_HEADER]  # the participant applies a key once
+            if key not in self.applied_undos:
+                self.applied_undos.add(key)
+                self.undone[step] += 1
+            self.answered_undos.add(request.message_id)
+        else:
+            first = request.message_id not in self.outcome
+            outcome = self.outcome.setdefault(request.message_id, outcome)
+            if first and outcome == "ok":
+                self.took_effect.append(step)
+            elif first and outcome == DEAD_LETTERED:
+                self.in_doubt.add(step)
+        reply: BaseModel = Ack()
+        if outcome != "ok":
+            code = None if outcome == "failed" else outcome
+            reply = FailureReply(reason=f"{outcome} by the model", code=code, failed_type="x")
+        headers = {k: v for k in (STEP_HEADER, COMPENSATES_HEADER) if (v := request.headers.get(k))}
+        envelope = Envelope.wrap(
+            reply,
+            message_id=self.new_id(),
+            saga_id=SAGA_ID,
+            causation_id=request.message_id,
+            headers=headers,
+        )
+        if not awaits_reply(self.record, envelope):
+            if may_undo(reply, envelope):
+                run = self.transition(envelope)
+                if run.undo_late_success(step, reply):
+                    self.commit(run)
+            return
+        run = self.transition(envelope)
+        if isinstance(reply, FailureReply):
+            run.on_failure(reply)
+        else:
+            run.on_success(reply)
+        self.commit(run)
+
+    def outstanding(self) -> list[Envelope]:
+        """Requests the participant has not answered yet."""
+        answered = self.outcome.keys() | self.answered_undos
+        return [r for r in self.requests if r.message_id not in answered]
+
+    # (Rules without preconditions: one that draws from an empty list does nothing. Rules
+    # that are often disabled make Hypothesis discard many examples, and find less.)
+
+    @rule(data=st.data(), outcome=st.sampled_from(OUTCOMES))
+    def answer_one_still_out(self, data: st.DataObject, outcome: str) -> None:
+        if out := self.outstanding():
+            self.answer(data.draw(st.sampled_from(out)), outcome)
+
+    @rule(data=st.data())
+    def answer_one_again(self, data: st.DataObject) -> None:
+        """A duplicate: the participant answers again what it answered (its kept outcome)."""
+        out = self.outstanding()
+        if answered := [r for r in self.requests if r not in out]:
+            self.answer(data.draw(st.sampled_from(answered)), "ok")
+
+    @rule(data=st.data())
+    def deadline_fires(self, data: st.DataObject) -> None:
+        if not self.deadlines:
+            return
+        envelope = data.draw(st.sampled_from(self.deadlines))
+        self.deadlines.remove(envelope)
+        deadline = StepDeadline.model_validate(envelope.payload)
+        if deadline_applies(self.record, deadline):
+            if deadline.attempt >= 2 or self.shape_of(deadline.step).deadline == COMPENSATE:
+                self.in_doubt.add(deadline.step)  # given up on: it may have taken effect
+            run = self.transition(envelope)
+            run.on_deadline(deadline)
+            self.commit(run)
+
+    @rule()
+    def resume(self) -> None:
+        """An operator (or the stuck sweep) resumes the saga: what it waits for is sent again."""
+        run = self.transition(None)
+        if run.resume():
+            self.commit(run)
+
+    def shape_of(self, name: str) -> Member:
+        return next(m for m in self.shape.members if m.name == name)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "record"):
+            return
+        for _ in range(100):  # a cooperative world answers everything still out
+            out = self.outstanding()
+            if not out:
+                break
+            for request in out:
+                self.answer(request, "ok")
+        status = self.record.status
+        assert status in (SagaStatus.COMPLETED, SagaStatus.COMPENSATED), self.record
+        if status is SagaStatus.COMPLETED:
+            assert not self.undone, f"completed, yet undid {self.undone}"
+            return
+        for step in self.took_effect:
+            if step in self.compensated:
+                assert self.undone[step] == 1, f"{step} took effect, undone {self.undone[step]}x"
+
+
+TestGroupModel = GroupMachine.TestCase
+TestGroupModel.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
