@@ -46,6 +46,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -54,6 +55,7 @@ import psycopg
 from kombu.transport import virtual
 from psycopg import sql
 
+from saga.broker.postgres.low_water import LowWaterMarks
 from saga.broker.postgres.messages import MESSAGES_DDL, claim_statement
 from saga.broker.postgres.publishing import (
     DEFAULT_EXCHANGE,
@@ -151,6 +153,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         self.db = connection.connect_db()
         connection.ensure_schema(self.db, self.schema)
         self._pending_acks: list[tuple[int, str]] = []
+        self.low_water = LowWaterMarks()
         self._held: dict[str, int] = {}  # lock token -> messages of its claim not yet settled
         self._held_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
@@ -251,16 +254,18 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         if not queues or limit <= 0:
             return []
         token = uuid.uuid4()
-        rows = self.db.execute(
-            claim_statement(self.table), (list(queues), limit, limit, self.lease, token)
-        ).fetchall()
+        floors = self.low_water.floors(queues)
+        rows = self.db.execute(*self._claim_query(queues, floors, limit, token)).fetchall()
+        now = next(row[-1] for row in rows if row[0] is None)
+        rows = [row for row in rows if row[0] is not None]
+        self.low_water.advance(queues, floors, limit, ((row[1], row[6]) for row in rows), now)
         if not rows:
             return []
         with self._held_lock:
             self._held[str(token)] = len(rows)
         self._start_renewing()
         taken = []
-        for row_id, queue, body, headers, stored, attempts in sorted(rows):
+        for row_id, queue, body, headers, stored, attempts, _, _ in sorted(rows):
             props = dict(stored)
             content_type = props.pop("content-type", None)
             content_encoding = props.pop("content-encoding", None)
@@ -276,6 +281,22 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             }
             taken.append((payload, queue))
         return taken
+
+    def claim_query(
+        self, queues: Sequence[str], limit: int, token: uuid.UUID
+    ) -> tuple[sql.Composed, tuple[Any, ...]]:
+        """The statement (and its parameters) this channel's next claim would run."""
+        return self._claim_query(queues, self.low_water.floors(queues), limit, token)
+
+    def _claim_query(
+        self,
+        queues: Sequence[str],
+        floors: Sequence[datetime | None],
+        limit: int,
+        token: uuid.UUID,
+    ) -> tuple[sql.Composed, tuple[Any, ...]]:
+        params = (list(queues), list(floors), limit, limit, self.lease, token)
+        return claim_statement(self.table), params
 
     # -- settling ------------------------------------------------------------
 
