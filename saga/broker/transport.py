@@ -199,6 +199,11 @@ class BrokerConfig:
         capabilities have ``queue_details`` tells every queue it has)."""
         return self.kind.queue_depths(self, topology or Topology(), destinations, access)
 
+    @property
+    def database(self) -> tuple[str, str] | None:
+        """The PostgreSQL database (URL) and schema holding the broker's messages, if any."""
+        return self.kind.database(self)
+
     def check_connected(self, connection: Connection) -> None:
         """Refuse a broker that could lose what it is given (checked on every connect)."""
         self.kind.check_connected(self, connection)

@@ -18,6 +18,7 @@ from saga.broker.queue_depths import QueueDepth
 from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard.sources import Databases
 from saga.db.connections import DIRECT, DatabaseAccess
+from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary
 from saga.engine.store import SagaFilter, SagaStore
 from saga.errors import DatabaseUnavailable, DeadLetterNotFound, NotReplayable, UnknownSaga
@@ -52,6 +53,7 @@ class ServiceOverview:
     oldest: list[SagaWaiting] = field(default_factory=list)
     waiting: list[SagaWaiting] = field(default_factory=list)
     letters: list[DeadLetterGroup] = field(default_factory=list)
+    vacuum: VacuumHorizon | None = None
 
     @property
     def pending_letters(self) -> int:
@@ -85,6 +87,7 @@ def _figures(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) 
     view.oldest = oldest_running(conn, schema, LIST_LIMIT)
     view.waiting = longest_waiting(conn, schema, LIST_LIMIT)
     _letter_groups(view, conn, schema)
+    view.vacuum = read_vacuum_horizon(conn, [schema])
 
 
 def overview(databases: Databases) -> list[ServiceOverview]:

@@ -68,6 +68,7 @@ from saga.broker.postgres.publishing import (
 )
 from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.db.sql import validate_name
+from saga.db.vacuum_horizon import read_vacuum_horizon, warn_if_held
 from saga.errors import UnsafeDurability
 from saga.observability.redaction import redact_url
 
@@ -87,6 +88,8 @@ DEFAULT_BATCH = 100
 MAX_PENDING_ACKS = 1000
 #: A consuming channel vacuums the messages table this often (seconds; 0: never).
 VACUUM_INTERVAL = 10.0
+#: A transaction holding back vacuum is logged at most this often (seconds).
+WARN_EVERY = 60.0
 
 
 def wake_channel(schema: str) -> str:
@@ -154,6 +157,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         connection.ensure_schema(self.db, self.schema)
         self._pending_acks: list[tuple[int, str]] = []
         self.low_water = LowWaterMarks()
+        self._next_warning = 0.0
         self._held: dict[str, int] = {}  # lock token -> messages of its claim not yet settled
         self._held_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
@@ -389,8 +393,13 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         """Reclaim the rows of messages gone: each lives for milliseconds and leaves dead
         tuples behind (its claim, its delete), far faster than autovacuum's default pace
         expects. ``SKIP_LOCKED``: when another consumer is vacuuming, this one does not wait.
+        A transaction that has held back vacuum too long is logged (every WARN_EVERY s).
         """
         db.execute(sql.SQL("VACUUM (SKIP_LOCKED) {}").format(self.table))
+        if monotonic() >= self._next_warning:
+            horizon = read_vacuum_horizon(db, [self.schema])
+            if warn_if_held(horizon, "PostgreSQL broker's database"):
+                self._next_warning = monotonic() + WARN_EVERY
 
     def renew(self, db: psycopg.Connection[Any], tokens: list[str]) -> int:
         """Push the lease of every message held under ``tokens`` one lease ahead."""
