@@ -24,9 +24,9 @@ from time import monotonic
 
 #: How far behind the first free message the next scan starts: a publisher's insert
 #: statement stamps ``visible_at`` when it starts and is seen when it commits.
-MARGIN = timedelta(seconds=1)
+MARGIN = timedelta(seconds=0.5)
 #: Seconds between full scans, which find what the floors passed by.
-RESCAN_INTERVAL = 10.0
+RESCAN_INTERVAL = 30.0
 
 
 class LowWaterMarks:
