@@ -259,11 +259,11 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         if not queues or limit <= 0:
             return []
         token = uuid.uuid4()
-        floors = self.low_water.floors(queues)
-        rows = self.db.execute(*self._claim_query(queues, floors, limit, token)).fetchall()
+        scan = self.low_water.floors(queues)
+        rows = self.db.execute(*self._claim_query(queues, scan.floors, limit, token)).fetchall()
         now = next(row[-1] for row in rows if row[0] is None)
         rows = [row for row in rows if row[0] is not None]
-        self.low_water.advance(queues, floors, limit, ((row[1], row[6]) for row in rows), now)
+        self.low_water.advance(queues, scan, limit, ((row[1], row[6]) for row in rows), now)
         if not rows:
             return []
         with self._held_lock:
@@ -291,7 +291,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         self, queues: Sequence[str], limit: int, token: uuid.UUID
     ) -> tuple[sql.Composed, tuple[Any, ...]]:
         """The statement (and its parameters) this channel's next claim would run."""
-        return self._claim_query(queues, self.low_water.floors(queues), limit, token)
+        return self._claim_query(queues, self.low_water.floors(queues).floors, limit, token)
 
     def _claim_query(
         self,
