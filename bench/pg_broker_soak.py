@@ -1,6 +1,7 @@
-"""The PostgreSQL broker at full load for minutes: do dead tuples stay flat?
+"""The PostgreSQL broker at full load for minutes: do dead tuples stay flat, and does
+throughput hold while a snapshot is held?
 
-``python -m bench.pg_broker_soak [--seconds 600] [--every 15]``
+``python -m bench.pg_broker_soak [--seconds 600] [--every 15] [--hold START END]``
 
 A publisher thread inserts batches of 100 as fast as the consumer keeps up (at most
 :data:`BACKLOG` messages waiting), one consumer takes and acknowledges them, and every
@@ -10,6 +11,14 @@ disk. Every message lives for milliseconds; what the run shows is whether vacuum
 up, so the dead tuples and the size stay flat instead of growing with the messages that
 went through. The series goes to ``bench/results/pg-broker-soak-<date>.json`` (and
 ``-latest.json``).
+
+``--hold START END``: from START to END seconds into the run, another session holds a
+snapshot on the database (``BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1``, then
+idle), as a report or a forgotten psql window does; vacuum reclaims nothing meanwhile.
+Each window then says whether the snapshot was held, the messages per second in it, and
+the table's and its indexes' sizes; the summary divides each held window's rate by the
+mean rate before the hold, and says how soon after the release a window is back to
+0.95 of it. That run goes to ``pg-broker-held-snapshot-<date>.json`` (and ``-latest``).
 """
 
 from __future__ import annotations
@@ -37,7 +46,8 @@ BACKLOG = 5_000
 BATCH = 100
 
 _SAMPLE = """
-SELECT n_live_tup, n_dead_tup, autovacuum_count + vacuum_count, pg_total_relation_size(relid)
+SELECT n_live_tup, n_dead_tup, autovacuum_count + vacuum_count, pg_total_relation_size(relid),
+       pg_relation_size(relid), pg_indexes_size(relid)
 FROM pg_stat_user_tables WHERE schemaname = 'saga_broker' AND relname = 'messages'
 """
 
@@ -78,32 +88,50 @@ class Soak:
                 except TimeoutError:
                     continue
 
-    def sample(self, started: float) -> dict[str, Any]:
+    def sample(self, started: float, held: bool) -> dict[str, Any]:
         with psycopg.connect(self.url, autocommit=True) as db:
             row = db.execute(_SAMPLE).fetchone()
-        live, dead, vacuums, size = row if row else (0, 0, 0, 0)
+        live, dead, vacuums, size, table, indexes = row if row else (0, 0, 0, 0, 0, 0)
         return {
-            "t_s": round(time.monotonic() - started),
+            "t_s": round(time.monotonic() - started, 1),
             "consumed": self.received,
+            "held": held,
             "live": live,
             "dead": dead,
             "vacuums": vacuums,
             "bytes": size,
+            "table_bytes": table,
+            "index_bytes": indexes,
         }
 
-    def run(self, seconds: float, every: float) -> list[dict[str, Any]]:
+    def run(
+        self, seconds: float, every: float, hold: tuple[float, float] | None = None
+    ) -> list[dict[str, Any]]:
         threads = [threading.Thread(target=self.publish), threading.Thread(target=self.consume)]
         for thread in threads:
             thread.start()
         started = time.monotonic()
-        series = []
+        series: list[dict[str, Any]] = []
+        holder: psycopg.Connection[Any] | None = None
         try:
-            while time.monotonic() - started < seconds:
+            while (now := time.monotonic() - started) < seconds:
+                if hold and holder is None and hold[0] <= now < hold[1]:
+                    holder = psycopg.connect(self.url, application_name="soak-held-snapshot")
+                    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                    holder.execute("SELECT 1")
+                elif hold and holder is not None and now >= hold[1]:
+                    holder.close()
+                    holder = None
                 self.stop.wait(every)
-                series.append(self.sample(started))
+                series.append(self.sample(started, holder is not None))
+                last = series[-2] if len(series) > 1 else {"t_s": 0, "consumed": 0}
+                elapsed = (series[-1]["t_s"] - last["t_s"]) or 1
+                series[-1]["msg_per_s"] = round((self.received - last["consumed"]) / elapsed)
                 print(json.dumps(series[-1]), flush=True)
         finally:
             self.stop.set()
+            if holder is not None:
+                holder.close()
             for thread in threads:
                 thread.join()
         return series
@@ -128,26 +156,65 @@ def summary(series: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def held_summary(series: list[dict[str, Any]], every: float) -> dict[str, Any]:
+    """Each held window's rate over the mean rate before the hold; the sizes at the end of
+    the hold; seconds from the release to the first window back at 0.95 of that rate."""
+    held = [n for n, s in enumerate(series) if s["held"]]
+    if not held:
+        return {}
+    before = [s["msg_per_s"] for s in series[: held[0]]]
+    free = statistics.mean(before) if before else 0
+    after = series[held[-1] + 1 :]
+    back = next((s for s in after if free and s["msg_per_s"] >= 0.95 * free), None)
+    ratios = [round(series[n]["msg_per_s"] / free, 3) if free else None for n in held]
+    end = series[held[-1]]
+    return {
+        "free_msg_per_s": round(free),
+        "held_ratio_per_window": ratios,
+        "held_ratio_min": min((r for r in ratios if r is not None), default=None),
+        "held_seconds": round(end["t_s"] - series[held[0]]["t_s"] + every),
+        "bytes_at_hold_end": end["bytes"],
+        "table_bytes_at_hold_end": end["table_bytes"],
+        "index_bytes_at_hold_end": end["index_bytes"],
+        "dead_at_hold_end": end["dead"],
+        "after_release_msg_per_s": [s["msg_per_s"] for s in after],
+        "recovered_within_s": round(back["t_s"] - end["t_s"]) if back else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--every", type=float, default=15)
+    parser.add_argument(
+        "--hold",
+        type=float,
+        nargs=2,
+        metavar=("START", "END"),
+        help="hold a snapshot from START to END seconds into the run",
+    )
     args = parser.parse_args()
-    database = ScratchDatabase.create(f"bench_{uuid.uuid4().hex[:6]}_soak", framework=False)
-    try:
-        series = Soak(database.url).run(args.seconds, args.every)
-    finally:
-        database.drop()
-    result = {
-        "summary": summary(series),
-        "series": series,
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
+    result = run(args.seconds, args.every, tuple(args.hold) if args.hold else None)
     print(json.dumps(result["summary"], indent=2))
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
-    for name in (f"pg-broker-soak-{stamp}.json", "pg-broker-soak-latest.json"):
+    kind = "pg-broker-held-snapshot" if args.hold else "pg-broker-soak"
+    for name in (f"{kind}-{stamp}.json", f"{kind}-latest.json"):
         (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def run(seconds: float, every: float, hold: tuple[float, float] | None) -> dict[str, Any]:
+    """One soak on a scratch database: its summary, and the series of samples."""
+    database = ScratchDatabase.create(f"bench_{uuid.uuid4().hex[:6]}_soak", framework=False)
+    try:
+        series = Soak(database.url).run(seconds, every, hold)
+    finally:
+        database.drop()
+    return {
+        "summary": summary(series) | held_summary(series, every),
+        "series": series,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from bench import (
     peer_celery,
     peer_dbos,
     pg_broker,
+    pg_broker_soak,
     relay_throughput,
     report,
     saga_e2e,
@@ -167,6 +168,38 @@ def _pg_broker(args: argparse.Namespace, figures: Figures) -> list[Row]:
         *rows,
         (f"{name}, {processes} orchestrator process(es)", f"{rate:,.0f} sagas/s", "; ".join(notes)),
         *_pg_broker_alone(args, figures),
+        *_held_snapshot(args, figures),
+    ]
+
+
+def _held_snapshot(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """The PostgreSQL broker at full load while another session holds a snapshot for
+    ``--held-snapshot-seconds``: each window's rate over the rate before, the table's and
+    its indexes' size at the end of the hold, the rate after the release."""
+    held = args.held_snapshot_seconds
+    if held <= 0:
+        return []
+    name = f"PostgreSQL broker, a snapshot held {held:.0f} s (full load, windows of 15 s)"
+    soak, failed = _attempt(
+        name, lambda: pg_broker_soak.run(held + 105, 15, (45, 45 + held))["summary"]
+    )
+    if soak is None:
+        return [(name, "not measured", failed)]
+    figures |= {
+        "pg_broker_held_snapshot_ratio_min": soak["held_ratio_min"],
+        "pg_broker_held_snapshot_ratios": soak["held_ratio_per_window"],
+        "pg_broker_held_snapshot_bytes": soak["bytes_at_hold_end"],
+        "pg_broker_held_snapshot_recovered_within_s": soak["recovered_within_s"],
+    }
+    ratios = ", ".join(f"{r:.2f}" for r in soak["held_ratio_per_window"])
+    return [
+        (
+            name,
+            f"{soak['held_ratio_min']:.2f} of the rate before, at worst",
+            f"{soak['free_msg_per_s']:,} msg/s before; held windows: {ratios}; table + indexes "
+            f"{soak['bytes_at_hold_end'] / 1e6:,.0f} MB at the end of the hold; after the "
+            f"release: {soak['after_release_msg_per_s']} msg/s",
+        )
     ]
 
 
@@ -465,6 +498,13 @@ def main() -> None:
         "--only-pg-broker",
         action="store_true",
         help="measure the three-step saga on PostgreSQL as the broker and on RabbitMQ alone",
+    )
+    parser.add_argument(
+        "--held-snapshot-seconds",
+        type=float,
+        default=120,
+        help="how long the PostgreSQL broker's soak holds a snapshot (600: the 10-minute "
+        "run; 0: skip)",
     )
     parser.add_argument(
         "--only-dashboard",

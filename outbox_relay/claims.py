@@ -15,7 +15,7 @@ from saga.errors import UnsafeDurability
 _CLAIM = """
 SELECT id, message_id, destination, message_type, body, attempts
 FROM {schema}.outbox
-WHERE deliver_after IS NULL
+WHERE deliver_after IS NULL AND id >= %s
 ORDER BY id
 LIMIT %s
 FOR UPDATE SKIP LOCKED
@@ -35,6 +35,11 @@ WHERE id IN (
 )
 AND {_ASYNC_COMMIT}
 RETURNING id, message_id, destination, message_type, body, attempts
+"""
+
+#: The id the outbox's sequence gives next (USAGE on the sequence suffices).
+_NEXT_ID = """
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')), 0) + 1
 """
 
 _DELETE = f"DELETE FROM {{schema}}.outbox WHERE id = ANY(%b::bigint[]) AND {_ASYNC_COMMIT}"
@@ -95,6 +100,7 @@ class RelayStore:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self._claim = render(_CLAIM, schema)
+        self._outbox = f"{schema}.outbox"
         self._take_ids = render(_TAKE_IDS, schema)
         self._delete = render(_DELETE, schema)
         self._defer = render(_DEFER, schema)
@@ -102,10 +108,16 @@ class RelayStore:
         self._quarantine = render(_QUARANTINE, schema)
         self._promote = render(_PROMOTE_DUE, schema)
 
-    def claim(self, conn: psycopg.Connection[Any], limit: int) -> list[OutboxRow]:
-        """Lock up to ``limit`` ready rows in id order, skipping rows other relays hold."""
-        rows = conn.execute(self._claim, (limit,), prepare=True).fetchall()
+    def claim(self, conn: psycopg.Connection[Any], limit: int, floor: int = 0) -> list[OutboxRow]:
+        """Lock up to ``limit`` ready rows from id ``floor`` on, in id order, skipping rows
+        other relays hold (:mod:`outbox_relay.sweep_floor` says why a floor)."""
+        rows = conn.execute(self._claim, (floor, limit), prepare=True).fetchall()
         return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+
+    def next_id(self, conn: psycopg.Connection[Any]) -> int:
+        """The id the outbox's next row will get (ids below it are taken)."""
+        row = conn.execute(_NEXT_ID, (self._outbox,), prepare=True).fetchone()
+        return int(row[0]) if row else 0
 
     def take_ids(self, conn: psycopg.Connection[Any], ids: list[int]) -> list[OutboxRow]:
         """Delete and return the given ready rows in id order, skipping any a relay holds.

@@ -35,6 +35,7 @@ from saga.observability.redaction import password_of, redact_text, redact_url
 from saga.operations.retention import Pruner, RetentionPolicy
 from saga.outbox_relay.claims import OutboxRow, RelayStore, check_durability
 from saga.outbox_relay.publisher import BatchPublisher, PublishOutcome
+from saga.outbox_relay.sweep_floor import SweepFloor
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class Relay:
         self.options = options or RelayOptions()
         self.topology = topology or Topology()
         self.store = RelayStore(self.options.schema)
+        self.sweep_floor = SweepFloor()
         self.events = EventRecords(self.options.schema)
         self.pruner = Pruner(self.options.schema, self.options.retention)
         self._db: psycopg.Connection[Any] | None = None
@@ -165,7 +167,9 @@ class Relay:
         """Claim, publish and delete one batch of ready rows."""
         db, publisher = self._require()
         with db.transaction():
-            rows = self.store.claim(db, self.options.batch_size)
+            floor = self.sweep_floor.floor()
+            rows = self.store.claim(db, self.options.batch_size, floor)
+            self.sweep_floor.swept(floor, rows[0].id if rows else self.store.next_id(db))
             if not rows:
                 return BatchReport(0, 0, 0, 0)
             fault_point("relay.after_claim")
@@ -188,11 +192,15 @@ class Relay:
         """Release scheduled rows whose ``deliver_after`` has passed."""
         db, _ = self._require()
         with db.transaction():
-            return self.store.promote_due(db)
+            promoted = self.store.promote_due(db)
+        if promoted:
+            self.sweep_floor.rescan()
+        return promoted
 
     def drain(self) -> int:
         """Relay until nothing is ready (tests and one-shot runs); return rows published."""
         total = 0
+        self.sweep_floor.rescan()
         self.promote_due()
         while True:
             report = self.relay_batch()

@@ -79,3 +79,8 @@ class BrokerKind:
         ready in each of ``destinations``' queues, from a passive declare (a queue the
         broker lacks is left out)."""
         return declared_depths(config, topology, destinations)
+
+    def database(self, config: BrokerConfig) -> tuple[str, str] | None:
+        """The PostgreSQL database (its URL) and schema the broker keeps its messages in,
+        for the tools that watch its tables; None for a broker with a server of its own."""
+        return None

@@ -209,6 +209,11 @@ class BrokerConfig:
         """Every binding the broker routes events by (capabilities: ``routing_table``)."""
         return self.kind.bindings(self, access)
 
+    @property
+    def database(self) -> tuple[str, str] | None:
+        """The PostgreSQL database (URL) and schema holding the broker's messages, if any."""
+        return self.kind.database(self)
+
     def check_connected(self, connection: Connection) -> None:
         """Refuse a broker that could lose what it is given (checked on every connect)."""
         self.kind.check_connected(self, connection)

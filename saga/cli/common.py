@@ -224,9 +224,12 @@ def serve_metrics(port: int | None, settings: Settings) -> Metrics | None:
     metrics = Metrics()
     access = settings.database_access()
     metrics.watch_database(settings.require_database_url(), settings.db_schema, access)
+    metrics.watch_vacuum(settings.require_database_url(), settings.db_schema, "service", access)
     broker = broker_config(settings) if settings.broker_url else None
     if broker is not None and broker.capabilities.queue_details:
         metrics.watch_broker(lambda: broker.queue_depths(access=access))
+    if broker is not None and broker.database is not None:
+        metrics.watch_vacuum(*broker.database, "broker", access)
     metrics.serve(port)
     return metrics
 

@@ -27,6 +27,7 @@ from saga.cli.common import (
 )
 from saga.cli.durations import parse_duration
 from saga.cli.text import foreign
+from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaStatus
 from saga.messaging.events import UnroutedEvents
 from saga.operations.stats import collect
@@ -40,6 +41,20 @@ def _broker_queues(settings: Settings) -> dict[str, QueueDepth] | None:
     if broker is None or not broker.capabilities.queue_details:
         return None
     return broker.queue_depths(access=settings.database_access())
+
+
+def _vacuum_horizons(settings: Settings) -> dict[str, VacuumHorizon]:
+    """The service database's vacuum horizon, and the broker's when it keeps its messages
+    in PostgreSQL."""
+    places = {"database": (settings.require_database_url(), settings.db_schema)}
+    broker = broker_config(settings) if settings.broker_url else None
+    if broker is not None and broker.database is not None:
+        places["broker"] = broker.database
+    horizons = {}
+    for place, (url, schema) in places.items():
+        with connect(settings, url, what=f"the {place}", autocommit=True) as conn:
+            horizons[place] = read_vacuum_horizon(conn, [schema])
+    return horizons
 
 
 def stats(
@@ -59,6 +74,7 @@ def stats(
     with connect(settings) as conn:
         figures = collect(conn, settings.db_schema, window=window_td, stuck_after=stuck_td)
     queues = _broker_queues(settings)
+    horizons = _vacuum_horizons(settings)
     if as_json:
         document: dict[str, Any] = {
             "counts": figures.counts,
@@ -80,6 +96,7 @@ def stats(
         }
         if queues is not None:
             document["broker_queues"] = {name: asdict(q) for name, q in queues.items()}
+        document["vacuum"] = {place: asdict(h) for place, h in horizons.items()}
         print(json.dumps(document, indent=2))
         return
     now = datetime.now(UTC)
@@ -112,6 +129,31 @@ def stats(
         _print_unrouted(figures.unrouted_events)
     if queues is not None:
         _print_queues(queues)
+    _print_horizons(horizons)
+
+
+def _print_horizons(horizons: dict[str, VacuumHorizon]) -> None:
+    """The oldest open transaction of each database (what vacuum waits for), and the
+    framework's tables by dead tuples."""
+    table = Table(title="vacuum: oldest open transaction, dead tuples")
+    for column in ("database", "oldest transaction", "client", "state", "table", "dead"):
+        table.add_column(column, justify="right" if column == "dead" else "left")
+    for place, horizon in horizons.items():
+        held = horizon.oldest
+        age = "" if held is None or held.age_s is None else f"{held.age_s:.0f}s"
+        # application names and states are the sessions' own text: shown as data
+        client = foreign(
+            "" if held is None else f"{held.application or '?'} ({held.client or 'local'})"
+        )
+        state = foreign("" if held is None else held.state or "?")
+        tables = list(horizon.dead_tuples.items())[:5] or [("", 0)]
+        for n, (name, dead) in enumerate(tables):
+            first = n == 0
+            table.add_row(
+                place if first else "", age if first else "", client if first else "",
+                state if first else "", name, f"{dead:,}" if name else "",
+            )  # fmt: skip
+    print_table(table)
 
 
 def _print_queues(queues: dict[str, QueueDepth]) -> None:

@@ -19,6 +19,7 @@ from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard import timeline
 from saga.dashboard.sources import Databases
 from saga.db.connections import DIRECT, DatabaseAccess
+from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary
 from saga.engine.store import SagaFilter, SagaStore
 from saga.errors import DatabaseUnavailable, DeadLetterNotFound, NotReplayable, UnknownSaga
@@ -53,6 +54,7 @@ class ServiceOverview:
     oldest: list[SagaWaiting] = field(default_factory=list)
     waiting: list[SagaWaiting] = field(default_factory=list)
     letters: list[DeadLetterGroup] = field(default_factory=list)
+    vacuum: VacuumHorizon | None = None
 
     @property
     def pending_letters(self) -> int:
@@ -86,6 +88,7 @@ def _figures(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) 
     view.oldest = oldest_running(conn, schema, LIST_LIMIT)
     view.waiting = longest_waiting(conn, schema, LIST_LIMIT)
     _letter_groups(view, conn, schema)
+    view.vacuum = read_vacuum_horizon(conn, [schema])
 
 
 def overview(databases: Databases) -> list[ServiceOverview]:

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import render
+from saga.db.vacuum_horizon import read_vacuum_horizon, warn_if_held
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,14 @@ class Metrics:
         """Also report outbox, dead-letter and saga gauges read from this database."""
         self.registry.register(DatabaseCollector(database_url, schema, access))
 
+    def watch_vacuum(
+        self, database_url: str, schema: str, place: str, access: DatabaseAccess = DIRECT
+    ) -> None:
+        """Also report what holds back vacuum on this database (``place``: its label, the
+        service's ``database`` or the ``broker``'s), and warn in the logs past
+        :data:`~saga.db.vacuum_horizon.WARN_AFTER`."""
+        self.registry.register(VacuumCollector(database_url, schema, place, access))
+
     def watch_broker(self, read: Callable[[], Mapping[str, Any]]) -> None:
         """Also report a broker's queues, as ``read`` tells them at each scrape (a broker
         whose capabilities have ``queue_details``): messages by state, the oldest's age."""
@@ -190,6 +199,38 @@ class DatabaseCollector(_ScrapedCollector):
         for name, status, count in unfinished:
             running.add_metric([name, status], count)
         return [depth, held, age, pending, running]
+
+
+class VacuumCollector(_ScrapedCollector):
+    """The age of the oldest open transaction on a database and the dead tuples of the
+    framework's tables in it, at scrape time."""
+
+    what = "vacuum horizon"
+
+    def __init__(self, database_url: str, schema: str, place: str, access: DatabaseAccess):
+        super().__init__(database_url, access)
+        self.schema = schema
+        self.place = place
+        self.up_name = f"saga_metrics_vacuum_{place}_up"
+
+    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
+        horizon = read_vacuum_horizon(conn, [self.schema])
+        warn_if_held(horizon, f"{self.place} database")
+        held = GaugeMetricFamily(
+            "saga_oldest_transaction_age_seconds",
+            "Age of the oldest transaction open on a database (it holds back vacuum); 0: none.",
+            labels=["database"],
+        )
+        age = horizon.oldest.age_s if horizon.oldest else 0.0
+        held.add_metric([self.place], age or 0.0)
+        dead = GaugeMetricFamily(
+            "saga_table_dead_tuples",
+            "Dead tuples of a framework table, waiting for vacuum.",
+            labels=["database", "table"],
+        )
+        for table, count in horizon.dead_tuples.items():
+            dead.add_metric([self.place, table], count)
+        return [held, dead]
 
 
 class BrokerCollector(Collector):

@@ -10,6 +10,7 @@ import re
 import uuid
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from starlette.testclient import TestClient
 
@@ -203,6 +204,19 @@ def test_overview_and_dead_letter_groups(dashboard: TestClient, db: TestDatabase
     assert dashboard.get("/static/chart.umd.min.js").status_code == 200
     missing = dashboard.get(f"/sagas/trips/{uuid.uuid4()}").text
     assert "no saga" in missing
+
+
+def test_the_overview_shows_the_transaction_holding_back_vacuum(
+    dashboard: TestClient, db: TestDatabase
+) -> None:
+    with psycopg.connect(db.url, application_name="nightly-report") as held:
+        held.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        held.execute("SELECT 1")
+        overview = dashboard.get("/").text
+        held.rollback()
+    assert "Oldest open transaction" in overview and "nightly-report" in overview, overview
+    assert "idle in transaction" in overview and f"{db.schema}.outbox" in overview
+    assert "No other transaction open" in dashboard.get("/").text
 
 
 def test_the_command_refuses_a_bad_database_list_clearly(db: TestDatabase) -> None:

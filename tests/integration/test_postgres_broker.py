@@ -215,7 +215,7 @@ def test_a_claim_reads_the_same_few_pages_however_deep_the_backlog(
         conn.execute("ANALYZE saga_broker.messages")
         conn.commit()
         explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + claim_statement(table)
-        row = conn.execute(explain, ([queue], 10, 10, 30.0, uuid.uuid4())).fetchone()
+        row = conn.execute(explain, ([queue], [None], 10, 10, 30.0, uuid.uuid4())).fetchone()
         conn.rollback()  # the claim ran: leave the messages as they were
     assert row is not None
     plan = row[0][0]["Plan"]
@@ -304,3 +304,48 @@ def test_metrics_say_when_the_broker_cannot_be_read() -> None:
     Metrics(registry).watch_broker(unreachable.queue_depths)
     assert registry.get_sample_value("saga_metrics_broker_up") == 0
     assert registry.get_sample_value("saga_broker_queue_messages") is None
+
+
+def test_a_claim_reads_a_few_pages_with_20000_messages_consumed_behind_a_held_snapshot(
+    pg_broker: TestBroker,
+) -> None:
+    """A transaction that holds a snapshot (a report, a ``pg_dump``, a forgotten psql
+    window) keeps every row consumed since it began from being reclaimed. The claim must
+    not read that history: with 20,000 messages taken and deleted behind it, a claim of
+    the next 10 reads a few pages, not the dead index entries of all 20,000."""
+    pg_broker.declare("svc")
+    queue = pg_broker.topology.queue_name("svc")
+    with psycopg.connect(pg_broker.url) as holder, pg_broker.config.connect() as conn:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")
+        channel = conn.channel()
+        _insert(pg_broker, queue, 20_000, enqueued_ago=60)
+        consumed = 0
+        while taken := channel.claim([queue], 500):
+            channel.settle([p["properties"]["delivery_tag"] for p, _ in taken], delete=True)
+            consumed += len(taken)
+        channel.flush_acks()
+        assert consumed == 20_000
+        _insert(pg_broker, queue, 10)
+        with psycopg.connect(pg_broker.url) as probe:
+            statement, params = channel.claim_query([queue], 10, uuid.uuid4())
+            explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + statement
+            row = probe.execute(explain, params).fetchone()
+            probe.rollback()  # the claim ran: leave the messages as they were
+        holder.rollback()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    pages = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert plan["Actual Rows"] == 11  # the 10 messages, and the row that carries now()
+    assert pages < 200, f"a claim of 10 read {pages} pages, 20,000 consumed behind it"
+
+
+def _insert(broker: TestBroker, queue: str, count: int, enqueued_ago: float = 0) -> None:
+    """``count`` messages on ``queue``, enqueued (and visible) ``enqueued_ago`` seconds ago."""
+    with psycopg.connect(broker.url) as conn:
+        conn.execute(
+            "INSERT INTO saga_broker.messages (queue, body, visible_at, enqueued_at) "
+            "SELECT %s, convert_to(repeat('x', 200), 'UTF8'), t, t "
+            "FROM generate_series(1, %s), (SELECT now() - %s * interval '1 second') AS s(t)",
+            (queue, count, enqueued_ago),
+        )

@@ -11,10 +11,12 @@ import pytest
 from pydantic import BaseModel
 
 from saga import Outbox
+from saga.db.sql import render
 from saga.errors import UnsafeDurability
 from saga.messaging.envelope import Envelope
 from saga.outbox_relay import Relay, RelayOptions
-from saga.outbox_relay.claims import RelayStore
+from saga.outbox_relay.claims import _CLAIM, RelayStore
+from saga.outbox_relay.sweep_floor import SweepFloor
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import in_thread
@@ -185,3 +187,39 @@ def _synchronous_commit(conn: psycopg.Connection[Any]) -> str:
     row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
     assert row is not None
     return str(row[0])
+
+
+def test_a_sweep_reads_a_few_pages_with_20000_rows_published_behind_a_held_snapshot(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """A snapshot held on the database (a report, a forgotten psql window) keeps the index
+    entries of every row published since from being reclaimed: the relay's sweep starts
+    past them, at its floor, and reads a few pages, not 20,000 rows' worth."""
+    rabbit.use("notes")
+    insert = (
+        "INSERT INTO saga.outbox (message_id, destination, message_type, body) "
+        "SELECT gen_random_uuid(), 'notes', 'Note', convert_to(repeat('x', 300), 'UTF8') "
+        "FROM generate_series(1, %s)"
+    )
+    with (
+        db.connect(autocommit=False) as holder,
+        db.connect() as conn,
+        _relay(db, rabbit, batch_size=500) as relay,
+    ):
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")
+        relay.sweep_floor = SweepFloor(lag=0)  # no writer here commits late
+        conn.execute(insert, (20_000,))
+        while relay.relay_batch().claimed:
+            pass
+        relay.relay_batch()  # finds nothing: the floor moves to the next id
+        conn.execute(insert, (10,))
+        claim = render(_CLAIM, "saga")
+        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim  # locks, changes nothing
+        row = conn.execute(explain, (relay.sweep_floor.floor(), 100)).fetchone()
+        holder.rollback()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    pages = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert plan["Actual Rows"] == 10
+    assert pages < 100, f"a sweep read {pages} pages, 20,000 rows published behind it"

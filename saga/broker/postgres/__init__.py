@@ -55,6 +55,9 @@ class PostgresBroker(BrokerKind):
     def transport_options(self, config: BrokerConfig) -> dict[str, Any]:
         return {"lease": config.lease, "listen": config.listen, "pooled": config.pooled}
 
+    def database(self, config: BrokerConfig) -> tuple[str, str] | None:
+        return config.url, DEFAULT_SCHEMA
+
     def queue_depths(
         self,
         config: BrokerConfig,

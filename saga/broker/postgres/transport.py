@@ -46,6 +46,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -54,6 +55,7 @@ import psycopg
 from kombu.transport import virtual
 from psycopg import sql
 
+from saga.broker.postgres.low_water import LowWaterMarks
 from saga.broker.postgres.messages import MESSAGES_DDL, claim_statement
 from saga.broker.postgres.publishing import (
     DEFAULT_EXCHANGE,
@@ -66,6 +68,7 @@ from saga.broker.postgres.publishing import (
 )
 from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.db.sql import validate_name
+from saga.db.vacuum_horizon import read_vacuum_horizon, warn_if_held
 from saga.errors import UnsafeDurability
 from saga.observability.redaction import redact_url
 
@@ -85,6 +88,8 @@ DEFAULT_BATCH = 100
 MAX_PENDING_ACKS = 1000
 #: A consuming channel vacuums the messages table this often (seconds; 0: never).
 VACUUM_INTERVAL = 10.0
+#: A transaction holding back vacuum is logged at most this often (seconds).
+WARN_EVERY = 60.0
 
 
 def wake_channel(schema: str) -> str:
@@ -151,6 +156,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         self.db = connection.connect_db()
         connection.ensure_schema(self.db, self.schema)
         self._pending_acks: list[tuple[int, str]] = []
+        self.low_water = LowWaterMarks()
+        self._next_warning = 0.0
+        self._last_vacuum = float("-inf")
         self._held: dict[str, int] = {}  # lock token -> messages of its claim not yet settled
         self._held_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
@@ -251,16 +259,18 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         if not queues or limit <= 0:
             return []
         token = uuid.uuid4()
-        rows = self.db.execute(
-            claim_statement(self.table), (list(queues), limit, limit, self.lease, token)
-        ).fetchall()
+        scan = self.low_water.floors(queues)
+        rows = self.db.execute(*self._claim_query(queues, scan.floors, limit, token)).fetchall()
+        now = next(row[-1] for row in rows if row[0] is None)
+        rows = [row for row in rows if row[0] is not None]
+        self.low_water.advance(queues, scan, limit, ((row[1], row[6]) for row in rows), now)
         if not rows:
             return []
         with self._held_lock:
             self._held[str(token)] = len(rows)
         self._start_renewing()
         taken = []
-        for row_id, queue, body, headers, stored, attempts in sorted(rows):
+        for row_id, queue, body, headers, stored, attempts, _, _ in sorted(rows):
             props = dict(stored)
             content_type = props.pop("content-type", None)
             content_encoding = props.pop("content-encoding", None)
@@ -276,6 +286,22 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             }
             taken.append((payload, queue))
         return taken
+
+    def claim_query(
+        self, queues: Sequence[str], limit: int, token: uuid.UUID
+    ) -> tuple[sql.Composed, tuple[Any, ...]]:
+        """The statement (and its parameters) this channel's next claim would run."""
+        return self._claim_query(queues, self.low_water.floors(queues).floors, limit, token)
+
+    def _claim_query(
+        self,
+        queues: Sequence[str],
+        floors: Sequence[datetime | None],
+        limit: int,
+        token: uuid.UUID,
+    ) -> tuple[sql.Composed, tuple[Any, ...]]:
+        params = (list(queues), list(floors), limit, limit, self.lease, token)
+        return claim_statement(self.table), params
 
     # -- settling ------------------------------------------------------------
 
@@ -368,8 +394,23 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         """Reclaim the rows of messages gone: each lives for milliseconds and leaves dead
         tuples behind (its claim, its delete), far faster than autovacuum's default pace
         expects. ``SKIP_LOCKED``: when another consumer is vacuuming, this one does not wait.
+
+        While a transaction that began before the last pass is still open, another pass
+        could reclaim nothing the last one did not, and would read the whole (growing)
+        table for nothing: it waits. Such a transaction is logged past its threshold (at
+        most every WARN_EVERY s).
         """
+        horizon = read_vacuum_horizon(db, [self.schema])
+        if monotonic() >= self._next_warning and warn_if_held(
+            horizon, "PostgreSQL broker's database"
+        ):
+            self._next_warning = monotonic() + WARN_EVERY
+        held = horizon.oldest
+        since_last = monotonic() - self._last_vacuum
+        if held is not None and held.age_s is not None and held.age_s > since_last:
+            return
         db.execute(sql.SQL("VACUUM (SKIP_LOCKED) {}").format(self.table))
+        self._last_vacuum = monotonic()
 
     def renew(self, db: psycopg.Connection[Any], tokens: list[str]) -> int:
         """Push the lease of every message held under ``tokens`` one lease ahead."""
@@ -476,6 +517,10 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         # A broker row must be on disk when the relay deletes its outbox row.
         if not self.pooled:
             db.execute("SET synchronous_commit = on")
+            # A claim must walk its queue's index in order and stop at its limit. With a
+            # floor and now() as bounds, the planner guesses few rows and may prefer a
+            # bitmap scan that reads and sorts the whole backlog (raw msg/s halved).
+            db.execute("SET enable_bitmapscan = off")
             return db
         setting = db.execute("SELECT current_setting('synchronous_commit')").fetchone()
         if setting is None or setting[0] == "off":
