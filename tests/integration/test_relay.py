@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -116,6 +117,31 @@ def test_unroutable_rows_are_retried_then_quarantined_without_blocking(
     assert letters[0][:5] == ("outbox_relay", "unpublishable", "Unroutable", "nowhere", 2)
     assert "no queue" in letters[0][5]
     assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+
+
+def test_a_message_the_broker_nacked_keeps_its_row_and_is_published_again(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """A queue that holds one message and refuses more (``reject-publish``) makes RabbitMQ
+    nack the rest of the batch: their rows stay and go out once the queue has room."""
+    rabbit.topology = replace(
+        rabbit.topology, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+    )
+    rabbit.declare("notes")
+    _write(db, "a", "b", "c")
+    received: list[str] = []
+    with _relay(db, rabbit, retry_base_delay=0.0) as relay:
+        first = relay.relay_batch()
+        assert (first.published, first.deferred) == (1, 2)
+        errors = db.rows("SELECT last_error FROM saga.outbox")
+        assert [e[0].split(":")[0] for e in errors] == ["Nacked", "Nacked"]
+        while db.scalar("SELECT count(*) FROM saga.outbox"):
+            received += _texts(rabbit.receive("notes", 1))  # room for one more
+            relay.promote_due()
+            relay.relay_batch()
+    received += _texts(rabbit.receive("notes", 1))
+    assert received == ["a", "b", "c"]
+    assert rabbit.queue_depth("notes") == 0
 
 
 def test_relay_refuses_a_session_with_synchronous_commit_off(
