@@ -1,0 +1,162 @@
+"""The relay with publisher confirms against the same relay with AMQP transactions.
+
+``python -m bench.relay_confirms [--cluster] [--messages N] [--rounds R]``: one relay
+drains N outbox rows (batches of 500) into one durable queue, in turn with publisher
+confirms (the relay as it ships: the batch published, then every confirm awaited) and
+with one AMQP transaction per batch (the same relay with its confirm step replaced by
+``tx.select`` once per channel and ``tx.commit`` per batch: how it published before
+confirms), R rounds of each. For each: messages per second, RabbitMQ's CPU per message
+(the CPU time of its Erlang VMs, read from /proc before and after the drain) and how
+busy the whole machine was meanwhile. ``--cluster`` does the same into a quorum queue
+on a private three-node cluster (:mod:`saga.examples.order_saga.rabbitmq_cluster`).
+
+RabbitMQ's CPU is everything the node did during the drain: on a machine shared with
+other test runs, their traffic to the same node too; the machine's busy share says how
+loaded it was. Results: ``bench/results/relay-confirms[-cluster]-latest.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.environment import AMQP_URL, machine
+from bench.profile import _machine_busy, _server_pids, process_cpu
+from bench.relay_throughput import Drain, relay_drain
+from outbox_relay import publisher
+from saga.broker.transport import Topology
+from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
+
+MODES = ("confirms", "transactions")
+
+
+class _Transactions:
+    """The relay's publishing step as it was: an AMQP transaction per batch (no nacks)."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+        channel.tx_select()
+
+    def published(self, message_id: str) -> None:
+        """Nothing to count: ``tx.commit`` answers for the whole batch."""
+
+    def wait(self, connection: Any) -> set[str]:
+        self._channel.tx_commit()
+        return set()
+
+
+@contextmanager
+def _publishing_with(mode: str) -> Iterator[None]:
+    if mode == "confirms":
+        yield
+        return
+    shipped = publisher.PublisherConfirms
+    publisher.PublisherConfirms = _Transactions  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        publisher.PublisherConfirms = shipped  # type: ignore[misc]
+
+
+def _beam_pids_of(cluster: RabbitCluster) -> list[int]:
+    """The Erlang VM of each running node (in the node's own process group)."""
+    groups = {node.process.pid for node in cluster.nodes if node.process is not None}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if not (entry / "comm").read_text().startswith("beam.smp"):
+                    continue
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) in groups:  # the process group id
+                pids.append(int(entry.name))
+    return pids
+
+
+def _cpu_of(pids: list[int]) -> Callable[[], float]:
+    return lambda: sum(process_cpu(pid) for pid in pids)
+
+
+def measure(
+    messages: int, rounds: int, batch_size: int, url: str, topology: Topology, pids: list[int]
+) -> dict[str, list[tuple[Drain, float]]]:
+    """Each mode ``rounds`` times, taking turns: (drain, machine busy share) of each."""
+    runs: dict[str, list[tuple[Drain, float]]] = {mode: [] for mode in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            busy_before, total_before = _machine_busy()
+            with _publishing_with(mode):
+                drain = relay_drain(messages, batch_size, url, topology, _cpu_of(pids))
+            busy, total = _machine_busy()
+            runs[mode].append((drain, (busy - busy_before) / (total - total_before)))
+            print(
+                f"{mode}: {drain.rate:,.0f} msg/s, RabbitMQ "
+                f"{drain.broker_cpu_us_per_message:.0f} µs CPU per message",
+                flush=True,
+            )
+    return runs
+
+
+def _summarise(
+    runs: dict[str, list[tuple[Drain, float]]], where: str, batch_size: int
+) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
+    figures: dict[str, float] = {"rounds": len(runs["confirms"]), "batch_size": batch_size}
+    rows = []
+    for mode, drains in runs.items():
+        rate = statistics.median(d.rate for d, _ in drains)
+        cpu = statistics.median(d.broker_cpu_us_per_message for d, _ in drains)
+        busy = statistics.median(b for _, b in drains)
+        figures[f"{mode}_msgs_per_s"] = round(rate)
+        figures[f"{mode}_rabbitmq_cpu_us_per_msg"] = round(cpu, 1)
+        figures[f"{mode}_machine_busy"] = round(busy, 2)
+        each = ", ".join(f"{d.rate:,.0f}" for d, _ in drains)
+        rows.append(
+            (
+                f"relay, {mode}, batches of {batch_size}, {where}",
+                f"{rate:,.0f} msg/s (median; runs: {each})",
+                f"RabbitMQ {cpu:.0f} µs CPU per message; machine {busy:.0%} busy",
+            )
+        )
+    figures["confirms_vs_transactions"] = round(
+        figures["confirms_msgs_per_s"] / figures["transactions_msgs_per_s"], 3
+    )
+    return figures, rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument(
+        "--cluster", action="store_true", help="a private three-node cluster, quorum queue"
+    )
+    args = parser.parse_args(argv)
+    if args.cluster:
+        with RabbitCluster() as cluster:
+            topology = Topology(queue_prefix="bench.relay.", queue_type="quorum")
+            runs = measure(
+                args.messages, args.rounds, args.batch_size, cluster.url, topology,
+                _beam_pids_of(cluster),
+            )  # fmt: skip
+        where = "three-node cluster, quorum queue"
+    else:
+        pids = [pid for server, pid in _server_pids() if server == "RabbitMQ"]
+        topology = Topology(queue_prefix="bench.relay.")
+        runs = measure(args.messages, args.rounds, args.batch_size, AMQP_URL, topology, pids)
+        where = "one node, classic queue"
+    figures, rows = _summarise(runs, where, args.batch_size)
+    name = "relay-confirms-cluster" if args.cluster else "relay-confirms"
+    path = report.write(figures, rows, machine(), name=name)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
