@@ -1,18 +1,20 @@
 """The relay with publisher confirms against the same relay with AMQP transactions.
 
-``python -m bench.relay_confirms [--cluster] [--messages N] [--rounds R]``: one relay
+``python -m bench.relay_confirms [--broker B] [--messages N] [--rounds R]``: one relay
 drains N outbox rows (batches of 500) into one durable queue, in turn with publisher
 confirms (the relay as it ships: the batch published, then every confirm awaited) and
 with one AMQP transaction per batch (the same relay with its confirm step replaced by
 ``tx.select`` once per channel and ``tx.commit`` per batch: how it published before
 confirms), R rounds of each. For each: messages per second, RabbitMQ's CPU per message
 (the CPU time of its Erlang VMs, read from /proc before and after the drain) and how
-busy the whole machine was meanwhile. ``--cluster`` does the same into a quorum queue
-on a private three-node cluster (:mod:`saga.examples.order_saga.rabbitmq_cluster`).
+busy the whole machine was meanwhile. ``--broker``: ``node`` (the default) a private
+RabbitMQ node of its own, classic queue; ``cluster`` a private three-node cluster, quorum
+queue (:mod:`saga.examples.order_saga.rabbitmq_cluster`); ``shared`` the machine's own
+RabbitMQ, whose CPU then counts what other clients did during the drain too.
 
-RabbitMQ's CPU is everything the node did during the drain: on a machine shared with
-other test runs, their traffic to the same node too; the machine's busy share says how
-loaded it was. Results: ``bench/results/relay-confirms[-cluster]-latest.md``.
+A private node's CPU is this relay's traffic alone; the machine's busy share says how
+loaded the machine was by everything else running. Results:
+``bench/results/relay-confirms-<broker>-latest.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ from saga.broker.transport import Topology
 from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
 
 MODES = ("confirms", "transactions")
+#: Where the relay publishes: --broker choice -> how the results name it.
+BROKERS = {
+    "node": "a private node, classic queue",
+    "cluster": "a private three-node cluster, quorum queue",
+    "shared": "the machine's own node (shared), classic queue",
+}
 
 
 class _Transactions:
@@ -135,26 +143,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=500)
-    parser.add_argument(
-        "--cluster", action="store_true", help="a private three-node cluster, quorum queue"
-    )
+    parser.add_argument("--broker", choices=BROKERS, default="node")
     args = parser.parse_args(argv)
-    if args.cluster:
-        with RabbitCluster() as cluster:
-            topology = Topology(queue_prefix="bench.relay.", queue_type="quorum")
+    if args.broker == "shared":
+        pids = [pid for server, pid in _server_pids() if server == "RabbitMQ"]
+        topology = Topology(queue_prefix="bench.relay.")
+        runs = measure(args.messages, args.rounds, args.batch_size, AMQP_URL, topology, pids)
+    else:
+        quorum = args.broker == "cluster"
+        with RabbitCluster(size=3 if quorum else 1) as cluster:
+            topology = Topology(
+                queue_prefix="bench.relay.", queue_type="quorum" if quorum else "classic"
+            )
             runs = measure(
                 args.messages, args.rounds, args.batch_size, cluster.url, topology,
                 _beam_pids_of(cluster),
             )  # fmt: skip
-        where = "three-node cluster, quorum queue"
-    else:
-        pids = [pid for server, pid in _server_pids() if server == "RabbitMQ"]
-        topology = Topology(queue_prefix="bench.relay.")
-        runs = measure(args.messages, args.rounds, args.batch_size, AMQP_URL, topology, pids)
-        where = "one node, classic queue"
-    figures, rows = _summarise(runs, where, args.batch_size)
-    name = "relay-confirms-cluster" if args.cluster else "relay-confirms"
-    path = report.write(figures, rows, machine(), name=name)
+    figures, rows = _summarise(runs, BROKERS[args.broker], args.batch_size)
+    path = report.write(figures, rows, machine(), name=f"relay-confirms-{args.broker}")
     print(path.read_text())
 
 
