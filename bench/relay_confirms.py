@@ -28,7 +28,7 @@ from typing import Any
 
 from bench import report
 from bench.environment import AMQP_URL, machine
-from bench.profile import _machine_busy, _server_pids, process_cpu
+from bench.profile import machine_busy, process_cpu, server_pids
 from bench.relay_throughput import Drain, relay_drain
 from outbox_relay import publisher
 from saga.broker.transport import Topology
@@ -99,10 +99,10 @@ def measure(
     runs: dict[str, list[tuple[Drain, float]]] = {mode: [] for mode in MODES}
     for _ in range(rounds):
         for mode in MODES:
-            busy_before, total_before = _machine_busy()
+            busy_before, total_before = machine_busy()
             with _publishing_with(mode):
                 drain = relay_drain(messages, batch_size, url, topology, _cpu_of(pids))
-            busy, total = _machine_busy()
+            busy, total = machine_busy()
             runs[mode].append((drain, (busy - busy_before) / (total - total_before)))
             print(
                 f"{mode}: {drain.rate:,.0f} msg/s, RabbitMQ "
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--broker", choices=BROKERS, default="node")
     args = parser.parse_args(argv)
     if args.broker == "shared":
-        pids = [pid for server, pid in _server_pids() if server == "RabbitMQ"]
+        pids = [pid for server, pid in server_pids() if server == "RabbitMQ"]
         topology = Topology(queue_prefix="bench.relay.")
         runs = measure(args.messages, args.rounds, args.batch_size, AMQP_URL, topology, pids)
     else:
