@@ -7,7 +7,9 @@ with one AMQP transaction per batch (the same relay with its confirm step replac
 ``tx.select`` once per channel and ``tx.commit`` per batch: how it published before
 confirms), R rounds of each. For each: messages per second, RabbitMQ's CPU per message
 (the CPU time of its Erlang VMs, read from /proc before and after the drain) and how
-busy the whole machine was meanwhile. ``--broker``: ``node`` (the default) a private
+busy the whole machine was meanwhile. Then a lone message, as a consumer publishes what
+one delivery handled alone wrote: 100 times a round one durable publish and its confirm,
+or its ``tx.commit``, p50 and p99 of each. ``--broker``: ``node`` (the default) a private
 RabbitMQ node of its own, classic queue; ``cluster`` a private three-node cluster, quorum
 queue (:mod:`saga.examples.order_saga.rabbitmq_cluster`); ``shared`` the machine's own
 RabbitMQ, whose CPU then counts what other clients did during the drain too.
@@ -21,17 +23,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from kombu import Producer
 
 from bench import report
 from bench.environment import AMQP_URL, machine
 from bench.profile import machine_busy, process_cpu, server_pids
 from bench.relay_throughput import Drain, relay_drain
 from outbox_relay import publisher
-from saga.broker.transport import Topology
+from saga.broker.amqp_confirms import PublisherConfirms
+from saga.broker.transport import BrokerConfig, Topology
 from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
 
 MODES = ("confirms", "transactions")
@@ -71,6 +77,29 @@ def _publishing_with(mode: str) -> Iterator[None]:
         publisher.PublisherConfirms = shipped  # type: ignore[misc]
 
 
+def lone_publish_ms(url: str, topology: Topology, mode: str, count: int) -> list[float]:
+    """Milliseconds of each of ``count`` publishes of one durable message, each followed
+    by its confirm (``confirms``) or by ``tx.commit`` (``transactions``), sorted."""
+    destination = f"lone-{mode}"
+    with BrokerConfig(url).connected() as conn:
+        channel = conn.channel()
+        queue = topology.queue(destination)(channel)
+        queue.declare()
+        settle = PublisherConfirms(channel) if mode == "confirms" else _Transactions(channel)
+        producer = Producer(channel)
+        took = []
+        for n in range(count):
+            started = time.perf_counter()
+            producer.publish(
+                b"{}", routing_key=topology.queue_name(destination), delivery_mode=2, mandatory=True
+            )
+            settle.published(str(n))
+            settle.wait(conn)
+            took.append((time.perf_counter() - started) * 1000)
+        queue.delete()
+    return sorted(took)
+
+
 def _beam_pids_of(cluster: RabbitCluster) -> list[int]:
     """The Erlang VM of each running node (in the node's own process group)."""
     groups = {node.process.pid for node in cluster.nodes if node.process is not None}
@@ -92,11 +121,17 @@ def _cpu_of(pids: list[int]) -> Callable[[], float]:
     return lambda: sum(process_cpu(pid) for pid in pids)
 
 
+Runs = dict[str, list[tuple[Drain, float]]]
+Lone = dict[str, list[float]]
+
+
 def measure(
     messages: int, rounds: int, batch_size: int, url: str, topology: Topology, pids: list[int]
-) -> dict[str, list[tuple[Drain, float]]]:
-    """Each mode ``rounds`` times, taking turns: (drain, machine busy share) of each."""
-    runs: dict[str, list[tuple[Drain, float]]] = {mode: [] for mode in MODES}
+) -> tuple[Runs, Lone]:
+    """Each mode ``rounds`` times, taking turns: (drain, machine busy share) of each, and
+    100 lone publishes a round (milliseconds, sorted)."""
+    runs: Runs = {mode: [] for mode in MODES}
+    lone: Lone = {mode: [] for mode in MODES}
     for _ in range(rounds):
         for mode in MODES:
             busy_before, total_before = machine_busy()
@@ -104,16 +139,17 @@ def measure(
                 drain = relay_drain(messages, batch_size, url, topology, _cpu_of(pids))
             busy, total = machine_busy()
             runs[mode].append((drain, (busy - busy_before) / (total - total_before)))
+            lone[mode] = sorted(lone[mode] + lone_publish_ms(url, topology, mode, 100))
             print(
                 f"{mode}: {drain.rate:,.0f} msg/s, RabbitMQ "
                 f"{drain.broker_cpu_us_per_message:.0f} µs CPU per message",
                 flush=True,
             )
-    return runs
+    return runs, lone
 
 
 def _summarise(
-    runs: dict[str, list[tuple[Drain, float]]], where: str, batch_size: int
+    runs: Runs, lone: Lone, where: str, batch_size: int
 ) -> tuple[dict[str, float], list[tuple[str, str, str]]]:
     figures: dict[str, float] = {"rounds": len(runs["confirms"]), "batch_size": batch_size}
     rows = []
@@ -132,6 +168,18 @@ def _summarise(
                 f"RabbitMQ {cpu:.0f} µs CPU per message; machine {busy:.0%} busy",
             )
         )
+    for mode, took in lone.items():
+        p50, p99 = took[len(took) // 2], took[int(len(took) * 0.99)]
+        figures[f"{mode}_lone_p50_ms"] = round(p50, 2)
+        figures[f"{mode}_lone_p99_ms"] = round(p99, 2)
+        rows.append(
+            (
+                f"one durable message and its {'confirm' if mode == 'confirms' else 'tx.commit'}"
+                f", {len(took)} in turn, {where}",
+                f"p50 {p50:.2f} ms, p99 {p99:.2f} ms",
+                "what a delivery handled alone waits to publish after commit",
+            )
+        )
     figures["confirms_vs_transactions"] = round(
         figures["confirms_msgs_per_s"] / figures["transactions_msgs_per_s"], 3
     )
@@ -148,18 +196,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.broker == "shared":
         pids = [pid for server, pid in server_pids() if server == "RabbitMQ"]
         topology = Topology(queue_prefix="bench.relay.")
-        runs = measure(args.messages, args.rounds, args.batch_size, AMQP_URL, topology, pids)
+        runs, lone = measure(args.messages, args.rounds, args.batch_size, AMQP_URL, topology, pids)
     else:
         quorum = args.broker == "cluster"
         with RabbitCluster(size=3 if quorum else 1) as cluster:
             topology = Topology(
                 queue_prefix="bench.relay.", queue_type="quorum" if quorum else "classic"
             )
-            runs = measure(
+            runs, lone = measure(
                 args.messages, args.rounds, args.batch_size, cluster.url, topology,
                 _beam_pids_of(cluster),
             )  # fmt: skip
-    figures, rows = _summarise(runs, BROKERS[args.broker], args.batch_size)
+    figures, rows = _summarise(runs, lone, BROKERS[args.broker], args.batch_size)
     path = report.write(figures, rows, machine(), name=f"relay-confirms-{args.broker}")
     print(path.read_text())
 
