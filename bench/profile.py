@@ -49,7 +49,7 @@ def process_cpu(pid: int) -> float:
 SERVERS = {"postgres": "PostgreSQL", "beam.smp": "RabbitMQ"}
 
 
-def _server_pids() -> list[tuple[str, int]]:
+def server_pids() -> list[tuple[str, int]]:
     """(server, pid) of every PostgreSQL and RabbitMQ process, in one pass over /proc;
     not the private servers other runs start under the temporary folder (a test's
     RabbitMQ node or PostgreSQL cluster on a shared machine)."""
@@ -69,7 +69,7 @@ def _server_pids() -> list[tuple[str, int]]:
     return found
 
 
-def _machine_busy() -> tuple[float, float]:
+def machine_busy() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine since boot."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = values[3] + values[4]
@@ -83,10 +83,10 @@ class CpuSnapshot:
         self.by_component: Counter[str] = Counter()
         for name, process in bench.supervisor.processes.items():
             self.by_component[name] += process_cpu(process.proc.pid)
-        for server, pid in _server_pids():
+        for server, pid in server_pids():
             self.by_component[server] += process_cpu(pid)
         self.by_component[DRIVER] += process_cpu(os.getpid())
-        self.busy, self.total = _machine_busy()
+        self.busy, self.total = machine_busy()
 
 
 class StackSampler:

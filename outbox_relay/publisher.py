@@ -1,12 +1,13 @@
 """Durable batch publishing through kombu, as the broker's capabilities allow.
 
-A broker with ``transactional_publish`` (RabbitMQ): one AMQP transaction per
-batch (``tx.select`` once per channel, ``tx.commit`` per batch); ``tx.commit-ok``
-arrives only when the broker has taken every message of the batch. Each publish
-is ``mandatory``; a ``basic.return`` (no queue for the routing key) reaches
-``on_return`` before the commit returns, so those rows are known to have failed.
-The batch's frames go to the socket in one write
-(:func:`saga.broker.amqp.transport.gathered_writes`).
+A broker with ``confirmed_publish`` (RabbitMQ): publisher confirms, pipelined
+(:mod:`saga.broker.amqp.confirms`): the whole batch is published, then every confirm is
+awaited at once. A row counts as published only once the broker acked its message; a
+``basic.nack`` leaves the row failed (published again later), and a connection lost
+before every ack raises (every row stays). Each publish is ``mandatory``; a
+``basic.return`` (no queue for the routing key) reaches ``on_return`` before the
+message's ack, so those rows are known to have failed. The batch's frames go to the
+socket in one write (:func:`saga.broker.amqp.transport.gathered_writes`).
 
 Other brokers (Redis, memory, PostgreSQL) publish through kombu's
 ``Producer.batch()``: one Redis pipeline, or one PostgreSQL INSERT, per batch.
@@ -29,6 +30,7 @@ from typing import Any
 
 from kombu import Connection, Producer
 
+from saga.broker.amqp.confirms import PublisherConfirms
 from saga.broker.amqp.transport import gathered_writes
 from saga.broker.kinds import kind_of
 from saga.broker.transport import Topology, check_events_supported
@@ -87,6 +89,7 @@ class BatchPublisher:
             self._events_refused = str(refused)
         self._channel: Any = None
         self._producer: Producer | None = None
+        self._confirms: PublisherConfirms | None = None
         self._declared: set[str] = set()
         self._exchange_declared = False
         self._returned: set[str] = set()
@@ -99,6 +102,7 @@ class BatchPublisher:
                 logger.debug("closing publisher channel failed", exc_info=True)
         self._channel = None
         self._producer = None
+        self._confirms = None
         self._declared.clear()
         self._exchange_declared = False
 
@@ -127,17 +131,25 @@ class BatchPublisher:
             return outcome
         producer = self._ensure_producer()
         self._returned.clear()
-        if self._capabilities.transactional_publish:
-            with gathered_writes(self.connection):
-                for row in sendable:
-                    self._publish_one(producer, row, committed_at)
-            self._channel.tx_commit()
+        nacked: set[str] = set()
+        if self._confirms is not None:
+            try:
+                with gathered_writes(self.connection):
+                    for row in sendable:
+                        self._publish_one(producer, row, committed_at)
+                        self._confirms.published(str(row.message_id))
+                nacked = self._confirms.wait(self.connection)
+            except BaseException:
+                self.close()  # its confirms could no longer be told apart: a new channel
+                raise
         else:
             with producer.batch(max_size=max(1, len(sendable))):
                 for row in sendable:
                     self._publish_one(producer, row, committed_at)
         for row in sendable:
-            if str(row.message_id) in self._returned and row.destination is None:
+            if str(row.message_id) in nacked:
+                outcome.failed[row.id] = ("Nacked", "the broker refused the message (basic.nack)")
+            elif str(row.message_id) in self._returned and row.destination is None:
                 outcome.published.append(row.id)  # an event nobody subscribes to: done
                 outcome.unrouted.append(row.message_type)
             elif str(row.message_id) in self._returned:
@@ -156,8 +168,8 @@ class BatchPublisher:
     def _ensure_producer(self) -> Producer:
         if self._producer is None:
             self._channel = self.connection.channel()
-            if self._capabilities.transactional_publish:
-                self._channel.tx_select()
+            if self._capabilities.confirmed_publish:
+                self._confirms = PublisherConfirms(self._channel)
             self._producer = Producer(
                 self._channel,
                 auto_declare=False,

@@ -57,6 +57,11 @@ class UnsafeDurability(ConfigurationError):
     """The database session or the broker could lose committed rows or messages on a crash."""
 
 
+class PublishNotConfirmed(SagaError):
+    """The broker neither confirmed nor refused published messages in time: their fate is
+    unknown, so their outbox rows stay and the publisher reconnects (a transient error)."""
+
+
 class StepFailed(SagaError):
     """A business failure: the step's writes are undone and a failure reply is sent.
 

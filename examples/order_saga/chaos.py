@@ -38,10 +38,15 @@ the three nodes' URLs. The deck SIGKILLs one node and starts it again
 (``kill_rabbitmq_node``, twice a deck, a different node each time: the others keep the
 quorum, and the clients fail over to them) besides killing and pausing processes,
 leaving transactions idle and taking the gateway down. The shared servers are never
-restarted. Nothing may be lost or handled twice, with no operator action but the replay;
-the orders consumer resumes a saga with no progress for :data:`RESUME_STUCK_AFTER_S`
-seconds (a message RabbitMQ's quorum queues lost, docs/scaling.md), and the run lists
-each saga it resumed.
+restarted. Nothing may be lost or handled twice, with no operator action but the replay,
+and the stuck-saga sweep is off: every saga must end through its own messages, every
+event reach every subscriber. A run in which any saga was resumed automatically (a
+process given ``SAGA_RESUME_STUCK_AFTER``) fails, listing each.
+
+``--runs N`` runs N times in a row (seeds ``--seed``, ``--seed`` + 1, ...), each run's
+lines as above, then one summary line (the soak)::
+
+    soak: runs=N failed=N sagas=N node_kills=N lost=N duplicated=N unconverged=N resumed=N
 
 ``--pgbouncer`` puts every database URL of the services, the relays, the driver and a
 PostgreSQL broker through a private PgBouncer in transaction mode (see
@@ -117,9 +122,6 @@ BROKERS = ("rabbitmq", "rabbitmq-cluster", "redis", "redis-volatile", "postgres"
 POSTGRES_LEASE_S = 10
 #: Redis runs: a message taken by a killed consumer comes back this soon (seconds).
 REDIS_VISIBILITY_TIMEOUT_S = 10
-#: Cluster runs: the orders consumer resumes a saga with no progress for this long
-#: (seconds), as it should on quorum queues (docs/scaling.md, "Cluster chaos").
-RESUME_STUCK_AFTER_S = 45
 #: The payments service's delayed retries during a run: an outage outlasts them all.
 PAYMENTS_RETRY_DELAYS = "0.5,1"
 
@@ -156,8 +158,6 @@ def _deck(rng: random.Random, kinds: tuple[str, ...]) -> list[str]:
 def _broker_env(broker: str, redis: RedisServer | None) -> dict[str, str]:
     if broker == "postgres":
         return {"SAGA_BROKER_LEASE": str(POSTGRES_LEASE_S)}
-    if broker == "rabbitmq-cluster":
-        return {"SAGA_RESUME_STUCK_AFTER": f"{RESUME_STUCK_AFTER_S}s"}
     if redis is None:
         return {}
     env = {"SAGA_REDIS_VISIBILITY_TIMEOUT": str(REDIS_VISIBILITY_TIMEOUT_S)}
@@ -409,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=2.5, help="seconds between faults")
     parser.add_argument("--heartbeat", type=int, default=4, help="broker heartbeat (seconds)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--runs", type=int, default=1, help="runs in a row (a soak), seeds counting up from --seed"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the databases and logs")
     parser.add_argument("--save", action="store_true", help="write bench/results/chaos-*.json")
     parser.add_argument(
@@ -430,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         "--processes", type=int, default=1, help="relay and consumer processes per service"
     )
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, not {args.runs}")
     tools = {
         "rabbitmq": ("rabbitmqctl", "pg_ctlcluster"),
         "rabbitmq-cluster": ("rabbitmqctl",),
@@ -439,17 +444,34 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             print(f"chaos needs {tool} (a server it may restart)")
             return 2
-    result = run(
-        args.sagas,
-        args.duration,
-        args.interval,
-        args.heartbeat,
-        args.seed,
-        args.keep,
-        args.broker,
-        pgbouncer=args.pgbouncer,
-        processes=args.processes,
-    )
+    results = []
+    for seed in range(args.seed, args.seed + args.runs):
+        result = run(
+            args.sagas,
+            args.duration,
+            args.interval,
+            args.heartbeat,
+            seed,
+            args.keep,
+            args.broker,
+            pgbouncer=args.pgbouncer,
+            processes=args.processes,
+        )
+        result["seed"] = seed
+        result["ok"] = _report(result, args.broker)
+        results.append(result)
+        if args.save:
+            _save(_prefix(args), result)
+    if args.runs > 1:
+        soak = _soak(results)
+        if args.save:
+            _save(_prefix(args) + "-soak", soak)
+        print("soak: " + " ".join(f"{key}={soak[key]}" for key in SOAK_FIGURES))
+    return 0 if all(result["ok"] for result in results) else 1
+
+
+def _report(result: dict[str, Any], broker: str) -> bool:
+    """Print one run's figures, ending with its machine-readable line; True if it passed."""
     print(f"faults injected: {result['faults']} {result['faults_by_kind']}")
     print(f"process restarts: {result['process_restarts']}")
     print(f"sagas: {result['sagas']} of {result['expected_sagas']}")
@@ -460,16 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in result["stuck"]:
         print(line)
     for saga in result["resumed_automatically"]:
-        print(f"resumed automatically (no progress for {RESUME_STUCK_AFTER_S}s): saga {saga}")
-    if args.save:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y-%m-%d")
-        document = {**result, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
-        prefix = "chaos" if args.broker == "rabbitmq" else f"chaos-{args.broker}"
-        prefix += "-pgbouncer" if args.pgbouncer else ""
-        prefix += f"-x{args.processes}" if args.processes > 1 else ""
-        for name in (f"{prefix}-{stamp}.json", f"{prefix}-latest.json"):
-            (RESULTS / name).write_text(json.dumps(document, indent=2, default=str) + "\n")
+        print(f"resumed automatically (the sweep was meant to be off): saga {saga}")
     print(
         f"chaos: sagas={result['sagas']} faults={result['faults']} lost={result['lost']} "
         f"duplicated={result['duplicated']} unconverged={result['unconverged']} "
@@ -477,16 +490,63 @@ def main(argv: list[str] | None = None) -> int:
         + (f" resumed={result['sagas_resumed']}" if "sagas_resumed" in result else "")
         + f" resumed_automatically={len(result['resumed_automatically'])}"
     )
-    missing_kinds = [k for k in kinds_of(args.broker) if not result["faults_by_kind"].get(k)]
+    missing_kinds = [k for k in kinds_of(broker) if not result["faults_by_kind"].get(k)]
     ok = not (
-        result["lost"] or result["duplicated"] or result["unconverged"] or result["violations"]
+        result["lost"]
+        or result["duplicated"]
+        or result["unconverged"]
+        or result["violations"]
+        or result["resumed_automatically"]
     )
     if result.get("refused_without_consent") is False:
         print("chaos: the relay did not refuse the volatile Redis without consent")
         ok = False
     if missing_kinds:
         print(f"chaos: not every kind of fault was injected: missing {missing_kinds}")
-    return 0 if ok and not missing_kinds else 1
+    return ok and not missing_kinds
+
+
+#: The figures of a soak's summary line, in order.
+SOAK_FIGURES = (
+    "runs", "failed", "sagas", "node_kills", "lost", "duplicated", "unconverged", "resumed",
+)  # fmt: skip
+
+
+def _soak(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of several runs in a row, summed, and each run's own."""
+    return {
+        "runs": len(results),
+        "failed": sum(not r["ok"] for r in results),
+        "sagas": sum(r["sagas"] for r in results),
+        "node_kills": sum(r["faults_by_kind"].get("kill_rabbitmq_node", 0) for r in results),
+        "lost": sum(r["lost"] for r in results),
+        "duplicated": sum(r["duplicated"] for r in results),
+        "unconverged": sum(r["unconverged"] for r in results),
+        "resumed": sum(len(r["resumed_automatically"]) for r in results),
+        "each": [{key: r[key] for key in RUN_FIGURES} for r in results],
+    }
+
+
+#: What a soak keeps of each of its runs.
+RUN_FIGURES = (
+    "seed", "ok", "sagas", "faults_by_kind", "lost", "duplicated", "unconverged", "converge_s",
+)  # fmt: skip
+
+
+def _prefix(args: argparse.Namespace) -> str:
+    """The name of a run's result files: chaos[-broker][-pgbouncer][-xN]."""
+    prefix = "chaos" if args.broker == "rabbitmq" else f"chaos-{args.broker}"
+    prefix += "-pgbouncer" if args.pgbouncer else ""
+    return prefix + (f"-x{args.processes}" if args.processes > 1 else "")
+
+
+def _save(prefix: str, document: dict[str, Any]) -> None:
+    """bench/results/<prefix>-<date>.json and <prefix>-latest.json."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d")
+    document = {**document, "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
+    for name in (f"{prefix}-{stamp}.json", f"{prefix}-latest.json"):
+        (RESULTS / name).write_text(json.dumps(document, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ class Capabilities:
     multiple_ack: bool
     #: The client must read and send heartbeats on an idle connection.
     heartbeats: bool
-    #: A batch of publishes is taken all or nothing in one broker transaction, its
-    #: commit answered only once the broker holds every message (AMQP ``tx``); without
-    #: it a batch goes in one call (a Redis pipeline, one PostgreSQL INSERT).
-    transactional_publish: bool
+    #: The broker confirms each message once it holds it (AMQP publisher confirms): a
+    #: batch is published, then every confirm is awaited at once, and a row counts as
+    #: published only once its message is acked; without it a batch goes in one call
+    #: (a Redis pipeline, one PostgreSQL INSERT).
+    confirmed_publish: bool
     #: A command for a queue that does not exist is handed back to the publisher
     #: (``on_return``), so the relay keeps its row; without it the broker keeps the
     #: message under the queue's name until the queue is declared.

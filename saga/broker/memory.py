@@ -33,7 +33,7 @@ class MemoryBroker(BrokerKind):
     capabilities = Capabilities(
         multiple_ack=False,
         heartbeats=False,
-        transactional_publish=False,
+        confirmed_publish=False,
         returns_unroutable=False,
         returns_unrouted_events=False,
         events=True,

@@ -18,6 +18,8 @@ from tenacity import (
     wait_random,
 )
 
+from saga.errors import PublishNotConfirmed
+
 
 def close_quietly(logger: logging.Logger, *resources: object) -> None:
     """Close each resource that is not None; a failure to close is logged, never raised."""
@@ -44,6 +46,7 @@ def transient_errors(broker_connection: Connection) -> tuple[type[BaseException]
         OSError,
         kombu.exceptions.OperationalError,  # kombu's wrapper for "cannot connect"
         kombu.exceptions.BatchPublishError,
+        PublishNotConfirmed,
         *broker_connection.connection_errors,
         *broker_connection.channel_errors,
     )

@@ -1,23 +1,30 @@
-"""The framework's py-amqp transport on RabbitMQ: read-ahead and gathered writes.
+"""The framework's py-amqp transport on RabbitMQ: read-ahead, gathered writes, confirms.
 
 Frames must come out whole and in order whatever their sizes (bodies larger than the
 read-ahead buffer and than a frame), a batch's frames must reach the socket in one
-write, and a consumer must take many frames per ``recv``.
+write, and a consumer must take many frames per ``recv``. Confirms that do not come in
+time end the wait with a transient error.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from kombu import Consumer
+import pytest
+from kombu import Consumer, Producer
 from kombu.message import Message
 
+from saga.broker.amqp.confirms import PublisherConfirms
 from saga.broker.amqp.transport import READ_AHEAD, ReadAheadTransport
+from saga.broker.reconnect import transient_errors
+from saga.errors import PublishNotConfirmed
 from saga.outbox_relay.claims import OutboxRow
 from saga.outbox_relay.publisher import BatchPublisher
 from tests.support.brokers import TestBroker
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.wait import wait_until
 
 SIZES = [10, 300, READ_AHEAD - 5, READ_AHEAD + 5, 200_000, 1, 4096]
@@ -70,11 +77,11 @@ def test_a_batch_goes_to_the_socket_in_one_write(rabbit: TestBroker) -> None:
     rabbit.declare("writes")
     with rabbit.config.connect() as conn:
         publisher = BatchPublisher(conn, rabbit.topology)
-        publisher.publish(_rows("writes", [b"{}"]))  # channel, tx.select and declare done
+        publisher.publish(_rows("writes", [b"{}"]))  # channel, confirm.select and declare done
         writes = _counting(conn.connection.transport, "_write")
         outcome = publisher.publish(_rows("writes", [b'{"n": %d}' % i for i in range(50)]))
         assert len(outcome.published) == 50
-        assert len(writes) == 2  # the 50 messages' frames, then tx.commit
+        assert len(writes) == 1  # the 50 messages' frames; their confirms are only read
         publisher.close()
 
 
@@ -101,3 +108,21 @@ def test_a_consumer_takes_many_frames_per_receive(rabbit: TestBroker) -> None:
                 conn.drain_events(timeout=10)
             taking = len(receives)
     assert taking <= 6, taking
+
+
+def test_confirms_that_do_not_come_in_time_end_the_wait_with_a_transient_error(
+    rabbit: TestBroker,
+) -> None:
+    rabbit.declare("late")
+    with TcpProxy(rabbit.url) as proxy, replace(rabbit.config, url=proxy.url).connect() as conn:
+        channel = conn.channel()
+        confirms = PublisherConfirms(channel, timeout=1.0)
+        proxy.hold_replies()  # RabbitMQ's acks stay in the proxy
+        try:
+            Producer(channel).publish(b"{}", routing_key=rabbit.topology.queue_name("late"))
+            confirms.published("m-1")
+            with pytest.raises(PublishNotConfirmed, match="1 published messages unconfirmed"):
+                confirms.wait(conn)
+        finally:
+            proxy.release()  # the connection's close needs its answer
+        assert PublishNotConfirmed in transient_errors(conn)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from saga.consumers import BatchProcessor, Delivery, Outcome
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.control import FailureReply
 from saga.messaging.envelope import Envelope
+from saga.outbox_relay import Relay, RelayOptions
 from tests.support import servers
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
@@ -284,6 +287,38 @@ def test_consumer_publishes_what_it_wrote_right_after_commit(
         )
         wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 1, what="left to relay")
     assert _effects(db, "hop", "slow") == 1
+
+
+def test_rows_of_a_publish_after_commit_the_broker_nacked_stay_for_the_relay(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """A handler sends two messages to a queue with room for one (``reject-publish``): the
+    consumer publishes them right after commit, RabbitMQ nacks the second, and both rows
+    stay in the outbox (the publish's transaction rolls back); the relay sends them later."""
+    rabbit.topology = replace(
+        rabbit.topology, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+    )
+    splitter = Service("splitter")
+
+    @splitter.handler(Ping)
+    def split(tx: Any, msg: Ping, ctx: HandlerContext) -> None:
+        for side in ("left", "right"):
+            ctx.send(Pong(key=f"{msg.key}-{side}"), to="capped")
+
+    rabbit.use("capped")
+    with running_service(splitter, db, rabbit) as runner:
+        rabbit.publish_raw(splitter.name, Envelope.wrap(Ping(key="p")).to_bytes(), JSON)
+        wait_until(lambda: runner.counts[Outcome.HANDLED] == 1, what="the ping handled")
+    assert rabbit.queue_depth("capped") == 1  # the first got in; the second was nacked
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 2
+    received: list[str] = []
+    with Relay(db.url, rabbit.config, RelayOptions(retry_base_delay=0.0), rabbit.topology) as relay:
+        while db.scalar("SELECT count(*) FROM saga.outbox"):
+            received += [json.loads(m.body)["payload"]["key"] for m in rabbit.receive("capped", 1)]
+            relay.promote_due()
+            relay.relay_batch()
+    received += [json.loads(m.body)["payload"]["key"] for m in rabbit.receive("capped", 1)]
+    assert sorted(set(received)) == ["p-left", "p-right"]  # "p-left" twice: the inbox's job
 
 
 def test_one_batch_commits_each_delivery_on_its_own_merits(db: TestDatabase) -> None:

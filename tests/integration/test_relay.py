@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import Outbox
+from saga.broker.reconnect import transient_errors
 from saga.db.sql import render
 from saga.errors import UnsafeDurability
 from saga.messaging.envelope import Envelope
@@ -20,6 +23,7 @@ from saga.outbox_relay.sweep_floor import SweepFloor
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import in_thread
+from tests.support.tcp_proxy import TcpProxy
 from tests.support.wait import wait_until
 
 
@@ -118,6 +122,57 @@ def test_unroutable_rows_are_retried_then_quarantined_without_blocking(
     assert letters[0][:5] == ("outbox_relay", "unpublishable", "Unroutable", "nowhere", 2)
     assert "no queue" in letters[0][5]
     assert db.scalar("SELECT count(*) FROM saga.outbox") == 0
+
+
+def test_a_message_the_broker_nacked_keeps_its_row_and_is_published_again(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """A queue that holds one message and refuses more (``reject-publish``) makes RabbitMQ
+    nack the rest of the batch: their rows stay and go out once the queue has room."""
+    rabbit.topology = replace(
+        rabbit.topology, queue_arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+    )
+    rabbit.declare("notes")
+    _write(db, "a", "b", "c")
+    received: list[str] = []
+    with _relay(db, rabbit, retry_base_delay=0.0) as relay:
+        first = relay.relay_batch()
+        assert (first.published, first.deferred) == (1, 2)
+        errors = db.rows("SELECT last_error FROM saga.outbox")
+        assert [e[0].split(":")[0] for e in errors] == ["Nacked", "Nacked"]
+        while db.scalar("SELECT count(*) FROM saga.outbox"):
+            received += _texts(rabbit.receive("notes", 1))  # room for one more
+            relay.promote_due()
+            relay.relay_batch()
+    received += _texts(rabbit.receive("notes", 1))
+    assert received == ["a", "b", "c"]
+    assert rabbit.queue_depth("notes") == 0
+
+
+def test_a_batch_whose_confirms_never_arrived_keeps_its_rows_and_is_published_again(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """The connection is lost after RabbitMQ took the batch and before its confirms reached
+    the relay: the rows stay, and the relay publishes them again once reconnected."""
+    rabbit.declare("notes")
+    with TcpProxy(rabbit.url) as proxy:
+        broker = replace(rabbit.config, url=proxy.url)
+        with Relay(db.url, broker, RelayOptions(), rabbit.topology) as relay:
+            _write(db, "warm-up")
+            assert relay.drain() == 1  # the channel is open and in confirm mode
+            proxy.hold_replies()
+            _write(db, "unconfirmed")
+            with ThreadPoolExecutor(1) as pool:
+                batch = pool.submit(relay.relay_batch)
+                wait_until(lambda: rabbit.queue_depth("notes") == 2, what="RabbitMQ to take it")
+                proxy.cut()
+                lost = batch.exception(timeout=60)
+            assert isinstance(lost, transient_errors(broker.connect())), lost
+            assert db.scalar("SELECT count(*) FROM saga.outbox") == 1
+            proxy.release()
+            relay.connect()
+            assert relay.drain() == 1
+    assert _texts(rabbit.receive("notes", 3)) == ["warm-up", "unconfirmed", "unconfirmed"]
 
 
 def test_relay_refuses_a_session_with_synchronous_commit_off(

@@ -1,8 +1,11 @@
 """A home service's consumer resumes its stuck sagas itself (``--resume-stuck-after``).
 
-The command a saga sent is lost (its outbox row deleted, as a broker that loses a
-message would); once the saga has made no progress for the threshold, a sweep writes a
-resume, and the saga finishes with each effect applied once. Sweeps of several
+The sweep is a safety net for a broker that loses messages through misconfiguration (a
+Redis without persistence, a queue whose length limit drops its oldest messages). Here
+the command a saga sent is dropped on purpose: its outbox row deleted, or its message
+purged from RabbitMQ's queue after the relay published it. Once the saga has made no
+progress for the threshold, a sweep writes a resume, and the saga finishes with each
+effect applied once. Sweeps of several
 consumers of the same service write the same resume for the same stall, so the saga's
 inbox takes it once; a sweep leaves alone what is not its own or not stuck.
 """
@@ -15,6 +18,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from kombu import Connection
 
 from saga.consumers import BatchProcessor, Delivery, Outcome
 from saga.consumers.stuck_sweep import StuckSweep
@@ -74,13 +78,21 @@ def test_a_saga_whose_command_was_lost_is_resumed_and_finishes(db: TestDatabase)
     assert sweep.resumed_total == 1
 
 
-def test_a_running_home_consumer_resumes_a_saga_whose_command_rabbitmq_lost(
+def test_a_running_home_consumer_resumes_a_saga_whose_command_was_purged_from_rabbitmq(
     db: TestDatabase, rabbit: TestBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The sweep runs again before its resume is relayed (the relay starts later), so it
-    writes the resume twice; the saga is resumed exactly once and finishes."""
-    _start_trip(db, "lost-on-rabbitmq")
-    db.execute("DELETE FROM saga.outbox")  # taken by the broker, then lost
+    """RabbitMQ took the command, then it is dropped on purpose. The sweep runs again
+    before its resume is relayed (the relay starts later), so it writes the resume twice;
+    the saga is resumed exactly once and finishes."""
+    _start_trip(db, "purged-from-rabbitmq")
+    with running_relay(db, rabbit):
+        wait_until(
+            lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0,
+            timeout=30,
+            what="the relay to publish the command",
+        )
+    with Connection(rabbit.url) as conn:  # the broker took it; now it drops it
+        assert rabbit.topology.queue("bank")(conn.channel()).purge() == 1
     _stall(db)
     home = trips.registry.as_service()
     caplog.set_level(logging.WARNING, logger="saga.engine.orchestrator")

@@ -18,7 +18,7 @@ class AmqpBroker(BrokerKind):
     capabilities = Capabilities(
         multiple_ack=True,
         heartbeats=True,
-        transactional_publish=True,
+        confirmed_publish=True,
         returns_unroutable=True,
         returns_unrouted_events=True,
         events=True,

@@ -10,7 +10,7 @@ step's CPU, on both ends of the socket. This transport
   :data:`READ_AHEAD` bytes), and the frames are then cut from that buffer;
 - lets a batch publisher gather the frames of its messages and write them at once
   (:func:`gathered_writes`); a read that waits for an answer from the broker (a
-  declare, ``tx.commit``) first sends what was gathered;
+  declare, the batch's publisher confirms) first sends what was gathered;
 - does not poll the socket before every publish (:class:`ReadAheadConnection`).
 
 Everything else is kombu's ``pyamqp`` transport, unchanged. ``amqps://`` keeps
@@ -108,7 +108,7 @@ class ReadAheadConnection(pyamqp.Connection):  # type: ignore[misc]
     It does not ask for ``connection.blocked`` notifications: nothing here acts on
     them, and with them py-amqp polls the socket before every single publish. A
     broker short of memory or disk still holds the publishers back (their
-    ``tx.commit`` waits); it just does not say so first.
+    confirms wait); it just does not say so first.
     """
 
     negotiate_capabilities = {

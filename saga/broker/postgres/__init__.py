@@ -40,7 +40,7 @@ class PostgresBroker(BrokerKind):
     capabilities = Capabilities(
         multiple_ack=False,
         heartbeats=False,
-        transactional_publish=False,
+        confirmed_publish=False,
         returns_unroutable=False,
         returns_unrouted_events=True,
         events=True,

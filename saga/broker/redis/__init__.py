@@ -28,7 +28,7 @@ class RedisBroker(BrokerKind):
     capabilities = Capabilities(
         multiple_ack=False,
         heartbeats=False,
-        transactional_publish=False,
+        confirmed_publish=False,
         returns_unroutable=False,
         returns_unrouted_events=False,
         events=False,
