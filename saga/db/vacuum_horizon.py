@@ -39,7 +39,7 @@ LIMIT 1
 
 _DEAD_TUPLES = """
 SELECT schemaname || '.' || relname, n_dead_tup FROM pg_stat_user_tables
-WHERE schemaname = ANY(%s) ORDER BY n_dead_tup DESC, 1
+WHERE schemaname = ANY(%b) ORDER BY n_dead_tup DESC, 1
 """
 
 
