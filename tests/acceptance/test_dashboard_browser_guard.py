@@ -52,9 +52,17 @@ def _hostile_database(db: TestDatabase) -> tuple[uuid.UUID, int]:
     data = {"note": HOSTILE[2], "items": [HOSTILE[4]], HOSTILE[0]: HOSTILE[3]}
     db.execute(
         "INSERT INTO saga.saga_instances (id, name, saga_version, service, status, step, data, "
-        "last_error, idempotency_key, waiting_for, started_at, step_started_at) VALUES "
+        "last_error, idempotency_key, step_state, started_at, step_started_at) VALUES "
         "(%s, %s, 1, 'trips', 'running', %s, %s, %s, %s, %s, now(), now())",
-        (saga_id, HOSTILE[0], HOSTILE[1], json.dumps(data), HOSTILE[3], HOSTILE[2], HOSTILE[4]),
+        (
+            saga_id,
+            HOSTILE[0],
+            HOSTILE[1],
+            json.dumps(data),
+            HOSTILE[3],
+            HOSTILE[2],
+            json.dumps({"waiting_for": HOSTILE[4]}),
+        ),
     )
     for i in range(STEPS):
         db.execute(
