@@ -292,12 +292,14 @@ class BrokerContract:
             assert (depth.depth, depth.in_flight, depth.delayed) == (None, None, None)
 
 
+@pytest.mark.rabbitmq
 class TestRabbitMQ(BrokerContract):
     @pytest.fixture
     def broker(self, make_broker: Callable[[str], TestBroker]) -> TestBroker:
         return make_broker("amqp")
 
 
+@pytest.mark.redis
 class TestRedis(BrokerContract):
     @pytest.fixture
     def broker(self, make_broker: Callable[[str], TestBroker]) -> TestBroker:
