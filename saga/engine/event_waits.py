@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from saga.db.sql import Tx, render
 from saga.engine.batch import SagaBatch
 from saga.engine.definition import Saga, WaitStep
-from saga.engine.routing import awaits_event
+from saga.engine.staleness import awaits_event
 from saga.engine.state import SagaRecord
 from saga.messaging.control import Signal
 from saga.messaging.envelope import Envelope

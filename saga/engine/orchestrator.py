@@ -24,7 +24,7 @@ from saga.engine.definition import LocalAction, Saga
 from saga.engine.event_waits import EventDelivery, EventWaits
 from saga.engine.home import SagaHome
 from saga.engine.outcomes import LocalOutcome
-from saga.engine.routing import (
+from saga.engine.staleness import (
     awaits,
     awaits_reply,
     deadline_applies,

@@ -3,7 +3,7 @@
 Given a saga and its data, expect this command at that service, given this
 reply, expect the next one...: each answer goes through the same
 :class:`~saga.engine.transitions.Transition` and the same routing questions
-(:mod:`saga.engine.routing`) the orchestrator asks, on a record kept in memory.
+(:mod:`saga.engine.staleness`) the orchestrator asks, on a record kept in memory.
 Local steps write to the database, so a scenario runs them stubbed: a function
 of the saga's data, given by the test, or nothing at all.
 """
@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.outcomes import LocalOutcome
-from saga.engine.routing import awaits_reply, deadline_applies, may_undo, wait_timeout_applies
+from saga.engine.staleness import awaits_reply, deadline_applies, may_undo, wait_timeout_applies
 from saga.engine.state import SagaRecord, StepLogEntry
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed

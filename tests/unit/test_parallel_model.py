@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, RETRY
-from saga.engine.routing import awaits_reply, deadline_applies, may_undo
+from saga.engine.staleness import awaits_reply, deadline_applies, may_undo
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed

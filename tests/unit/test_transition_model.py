@@ -8,7 +8,7 @@ replies to the request the saga waits for, replies to older requests, failures
 signals, published events (its key or another, before or during its wait), cancels
 and resumes. :class:`SagaMachine` plays the orchestrator with the pure
 :class:`~saga.engine.transitions.Transition`, the routing questions of
-:mod:`saga.engine.routing` and an in-memory record, so no server is needed.
+:mod:`saga.engine.staleness` and an in-memory record, so no server is needed.
 
 After every event it checks the guarantees: a saga with nothing pending is
 completed, compensated or waiting for an operator, and one with something pending
@@ -41,7 +41,7 @@ from pydantic import BaseModel, ValidationError
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, HOLD, RETRY, WaitStep
 from saga.engine.outcomes import TransitionResult
-from saga.engine.routing import (
+from saga.engine.staleness import (
     awaits,
     awaits_event,
     awaits_reply,
