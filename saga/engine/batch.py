@@ -18,8 +18,8 @@ from uuid import UUID
 
 from saga.db.sql import Tx
 from saga.engine.home import SagaHome
-from saga.engine.outcomes import TransitionResult
 from saga.engine.state import SagaRecord, StepLogEntry
+from saga.engine.transition_results import TransitionResult
 from saga.messaging.dead_letters import DeadLetter
 from saga.messaging.envelope import Envelope
 from saga.messaging.outbox import OutgoingMessage

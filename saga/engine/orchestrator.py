@@ -23,7 +23,6 @@ from saga.engine.batch import SagaBatch
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.event_waits import EventDelivery, EventWaits
 from saga.engine.home import SagaHome
-from saga.engine.outcomes import LocalOutcome
 from saga.engine.staleness import (
     awaits,
     awaits_reply,
@@ -33,6 +32,7 @@ from saga.engine.staleness import (
 )
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry, data_fingerprint
 from saga.engine.store import AsyncSagaStore, SagaStore
+from saga.engine.transition_results import LocalOutcome
 from saga.engine.transitions import Transition
 from saga.errors import (
     ConfigurationError,

@@ -20,10 +20,10 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from saga.engine.definition import Saga, Step
-from saga.engine.outcomes import LocalSteps, TransitionResult, stopped_saga_letter
 from saga.engine.state import Phase, SagaRecord, SagaStatus, StepLogEntry
 from saga.engine.step_envelopes import StepEnvelopes
 from saga.engine.steps.kind import StepKind
+from saga.engine.transition_results import LocalSteps, TransitionResult, stopped_saga_letter
 from saga.errors import ConfigurationError, StaleReply
 from saga.messaging.control import (
     DEAD_LETTERED,

@@ -19,9 +19,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from saga.engine.definition import LocalAction, Saga
-from saga.engine.outcomes import LocalOutcome
 from saga.engine.staleness import awaits_reply, deadline_applies, may_undo, wait_timeout_applies
 from saga.engine.state import SagaRecord, StepLogEntry
+from saga.engine.transition_results import LocalOutcome
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed
 from saga.handlers.context import HandlerContext

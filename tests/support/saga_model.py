@@ -12,7 +12,7 @@ from datetime import datetime
 from pydantic import BaseModel
 
 from saga.engine.definition import LocalAction
-from saga.engine.outcomes import LocalOutcome
+from saga.engine.transition_results import LocalOutcome
 from saga.errors import StepFailed
 
 

@@ -40,7 +40,6 @@ from pydantic import BaseModel, ValidationError
 
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, HOLD, RETRY, WaitStep
-from saga.engine.outcomes import TransitionResult
 from saga.engine.staleness import (
     awaits,
     awaits_event,
@@ -50,6 +49,7 @@ from saga.engine.staleness import (
     wait_timeout_applies,
 )
 from saga.engine.state import Phase, SagaRecord, SagaStatus
+from saga.engine.transition_results import TransitionResult
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed
 from saga.messaging.control import (
