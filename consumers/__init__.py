@@ -2,7 +2,7 @@
 service declares (``Service``, ``HandlerContext``, ``RetryPolicy``, ``StepFailed``) is
 imported from :mod:`saga`."""
 
-from saga.consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.consumers.processing import BatchProcessor, Delivery, DeliveryOutcome
 from saga.consumers.runner import ServiceRunner
 from saga.consumers.worker import ConsumerOptions, Worker
 
@@ -10,7 +10,7 @@ __all__ = [
     "BatchProcessor",
     "ConsumerOptions",
     "Delivery",
-    "Outcome",
+    "DeliveryOutcome",
     "ServiceRunner",
     "Worker",
 ]

@@ -84,7 +84,7 @@ LOCK_CONFLICTS = (
 )
 
 
-class Outcome(StrEnum):
+class DeliveryOutcome(StrEnum):
     """What became of one delivery."""
 
     HANDLED = "handled"
@@ -119,7 +119,7 @@ class _Staged:
     #: when each handled message's outbox row committed (for the latency metric)
     created: list[float] = field(default_factory=list)
     #: (outcome, seconds) of each delivery, counted in the metrics once the batch commits
-    handled: list[tuple[Outcome, float]] = field(default_factory=list)
+    handled: list[tuple[DeliveryOutcome, float]] = field(default_factory=list)
     #: step keys closed here: their forward commands are refused
     closed: set[str] = field(default_factory=set)
     #: message ids of the batch's new deliveries not yet handled
@@ -181,7 +181,7 @@ class BatchProcessor:
 
     def process(
         self, conn: psycopg.Connection[Any], deliveries: Sequence[Delivery]
-    ) -> list[Outcome]:
+    ) -> list[DeliveryOutcome]:
         """Handle ``deliveries`` and commit them together; return one outcome each.
 
         Raises :class:`BatchConflict` when a handler hits a lock conflict in a batch of
@@ -207,7 +207,7 @@ class BatchProcessor:
         *,
         alone: bool = False,
         failed: LoneDeliveryFailed | None = None,
-    ) -> list[Outcome]:
+    ) -> list[DeliveryOutcome]:
         """One transaction for ``deliveries``: alone (no savepoint, a failure rolls it all
         back), or the failure path of the lone delivery that ``failed``, or a batch."""
         staged = self._staged = _Staged()
@@ -254,7 +254,7 @@ class BatchProcessor:
         conn: psycopg.Connection[Any],
         items: list[tuple[Delivery, Decoded | Rejection]],
         alone: bool,
-    ) -> list[Outcome]:
+    ) -> list[DeliveryOutcome]:
         # Where spans are recorded, a delivery is never run twice: each message keeps
         # exactly one span.
         if tracing.records_spans():
@@ -262,12 +262,12 @@ class BatchProcessor:
         if alone:
             delivery, item = items[0]
             outcome = self._handle(conn, delivery, item, careful=False)
-            if isinstance(outcome, Outcome):
+            if isinstance(outcome, DeliveryOutcome):
                 return [outcome]
             # A handler that needed a savepoint to go on runs again with one; any other
             # failure would have been the same with one: its first try is done.
             raise LoneDeliveryFailed(None if isinstance(outcome, NeedsSavepoint) else outcome)
-        outcomes: list[Outcome] = []
+        outcomes: list[DeliveryOutcome] = []
         while len(outcomes) < len(items):
             start = len(outcomes)
             outcomes += self._segment(conn, items[start : start + SEGMENT])
@@ -275,7 +275,7 @@ class BatchProcessor:
 
     def _segment(
         self, conn: psycopg.Connection[Any], items: list[tuple[Delivery, Decoded | Rejection]]
-    ) -> list[Outcome]:
+    ) -> list[DeliveryOutcome]:
         """Handle ``items`` under one savepoint, up to and including the first that fails.
 
         When a handler raises, the segment rolls back to its savepoint; the deliveries
@@ -285,10 +285,10 @@ class BatchProcessor:
         scope = self._scope
         mark, scope_mark = self._staged.mark(), scope.mark() if scope is not None else None
         conn.execute("SAVEPOINT segment", prepare=False)
-        outcomes: list[Outcome] = []
+        outcomes: list[DeliveryOutcome] = []
         for delivery, item in items:
             outcome = self._handle(conn, delivery, item, careful=False)
-            if isinstance(outcome, Outcome):
+            if isinstance(outcome, DeliveryOutcome):
                 outcomes.append(outcome)
                 continue
             conn.execute("ROLLBACK TO SAVEPOINT segment", prepare=False)
@@ -379,9 +379,9 @@ class BatchProcessor:
         delivery: Delivery,
         item: Decoded | Rejection,
         first_try: Exception | None = None,
-    ) -> Outcome:
+    ) -> DeliveryOutcome:
         outcome = self._handle(conn, delivery, item, careful=True, first_try=first_try)
-        assert isinstance(outcome, Outcome)  # careful handling settles every failure
+        assert isinstance(outcome, DeliveryOutcome)  # careful handling settles every failure
         return outcome
 
     def _handle(
@@ -392,24 +392,24 @@ class BatchProcessor:
         *,
         careful: bool,
         first_try: Exception | None = None,
-    ) -> Outcome | Exception:
+    ) -> DeliveryOutcome | Exception:
         """The delivery's outcome; without care, the error of a handler that raised."""
         started = time.perf_counter()
         staged = self._staged
-        outcome: Outcome | Exception
+        outcome: DeliveryOutcome | Exception
         if isinstance(item, Rejection):
             self.failures.reject(conn, delivery.body, delivery.content_type, item)
-            outcome = Outcome.REJECTED
+            outcome = DeliveryOutcome.REJECTED
         elif item.envelope.message_id not in staged.fresh:
-            outcome = Outcome.DUPLICATE
+            outcome = DeliveryOutcome.DUPLICATE
         elif (deliveries := delivery_count(delivery.headers)) >= self.delivery_limit:
             staged.fresh.discard(item.envelope.message_id)
             self.failures.delivery_limit_reached(conn, delivery.body, item, deliveries)
-            outcome = Outcome.DEAD_LETTERED
+            outcome = DeliveryOutcome.DEAD_LETTERED
         elif item.envelope.step_key in staged.closed:
             staged.fresh.discard(item.envelope.message_id)
             self.failures.refuse_closed(conn, item)
-            outcome = Outcome.STALE
+            outcome = DeliveryOutcome.STALE
         else:
             staged.fresh.discard(item.envelope.message_id)  # a second copy is a duplicate
             envelope = item.envelope
@@ -428,7 +428,7 @@ class BatchProcessor:
                 ),
             ):
                 outcome = self._run(conn, delivery, item, careful, first_try)
-        if isinstance(outcome, Outcome):
+        if isinstance(outcome, DeliveryOutcome):
             staged.handled.append((outcome, time.perf_counter() - started))
         return outcome
 
@@ -439,7 +439,7 @@ class BatchProcessor:
         decoded: Decoded,
         careful: bool,
         first_try: Exception | None,
-    ) -> Outcome | Exception:
+    ) -> DeliveryOutcome | Exception:
         try:  # the common case: one try, no retry controller built
             if first_try is not None:
                 raise first_try
@@ -451,7 +451,7 @@ class BatchProcessor:
                 return exc  # the segment rolls back; this delivery is then handled with care
             if isinstance(exc, StepFailed):
                 self.failures.business_failure(conn, decoded, exc)
-                return Outcome.BUSINESS_FAILURE
+                return DeliveryOutcome.BUSINESS_FAILURE
             policy = decoded.spec.retry
             if not policy.is_retriable(exc) or policy.immediate_attempts == 1:
                 return self._technical_failure(conn, delivery, decoded, exc, 1)
@@ -459,7 +459,7 @@ class BatchProcessor:
 
     def _retry(
         self, conn: psycopg.Connection[Any], delivery: Delivery, decoded: Decoded
-    ) -> Outcome:
+    ) -> DeliveryOutcome:
         """The first try failed: the policy's other immediate tries (tenacity), then the rest."""
         retrying = decoded.spec.retry.retries()
         try:
@@ -471,7 +471,7 @@ class BatchProcessor:
             raise
         except StepFailed as failure:
             self.failures.business_failure(conn, decoded, failure)
-            return Outcome.BUSINESS_FAILURE
+            return DeliveryOutcome.BUSINESS_FAILURE
         except Exception as exc:
             tries = 1 + int(retrying.statistics.get("attempt_number", 1))
             return self._technical_failure(conn, delivery, decoded, exc, tries)
@@ -487,9 +487,9 @@ class BatchProcessor:
         decoded: Decoded,
         exc: Exception,
         tries: int,
-    ) -> Outcome:
+    ) -> DeliveryOutcome:
         retried = self.failures.technical_failure(conn, delivery.body, decoded, exc, tries)
-        return Outcome.RETRY_SCHEDULED if retried else Outcome.DEAD_LETTERED
+        return DeliveryOutcome.RETRY_SCHEDULED if retried else DeliveryOutcome.DEAD_LETTERED
 
     def _count(self, batch_size: int) -> None:
         """The committed batch's figures: its size, each delivery's outcome, latencies."""
@@ -505,11 +505,11 @@ class BatchProcessor:
         for outcome, seconds in self._staged.handled:
             metrics.handled.labels(consumer, outcome.value).inc()
             metrics.handle_seconds.labels(consumer).observe(seconds)
-            if outcome is Outcome.RETRY_SCHEDULED:
+            if outcome is DeliveryOutcome.RETRY_SCHEDULED:
                 metrics.retries.labels(consumer, "delayed").inc()
-            elif outcome is Outcome.DEAD_LETTERED:
+            elif outcome is DeliveryOutcome.DEAD_LETTERED:
                 metrics.dead_lettered.labels(consumer, "failed").inc()
-            elif outcome is Outcome.REJECTED:
+            elif outcome is DeliveryOutcome.REJECTED:
                 metrics.dead_lettered.labels(consumer, "rejected").inc()
 
     @contextmanager
@@ -524,11 +524,13 @@ class BatchProcessor:
 
     def _conflict_aware(
         self, conn: psycopg.Connection[Any], decoded: Decoded, careful: bool
-    ) -> Outcome:
+    ) -> DeliveryOutcome:
         with self._conflicts_end_the_batch():
             return self._attempt(conn, decoded, careful)
 
-    def _attempt(self, conn: psycopg.Connection[Any], decoded: Decoded, careful: bool) -> Outcome:
+    def _attempt(
+        self, conn: psycopg.Connection[Any], decoded: Decoded, careful: bool
+    ) -> DeliveryOutcome:
         envelope = decoded.envelope
         # Handled with care, a delivery's writes are undone alone (a service writing batches
         # at once stages its writes and guards its own savepoints); otherwise its segment's
@@ -549,7 +551,7 @@ class BatchProcessor:
             rows = self.outbox.rows(ctx.outgoing)  # checked now: a message too large fails here
         self._staged.rows.extend(rows)
         self._keep(ctx)
-        return Outcome.HANDLED
+        return DeliveryOutcome.HANDLED
 
     def _keep(self, ctx: HandlerContext) -> None:
         """Remember the replies of a delivery that stays handled (its inbox row commits)."""

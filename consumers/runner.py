@@ -8,7 +8,7 @@ import time
 from collections import Counter
 
 from saga.broker.transport import BrokerConfig, Topology
-from saga.consumers.processing import Outcome
+from saga.consumers.processing import DeliveryOutcome
 from saga.consumers.worker import ConsumerOptions, Worker
 from saga.handlers.service import Service
 from saga.observability.metrics import Metrics
@@ -93,8 +93,8 @@ class ServiceRunner:
             raise self.failure
 
     @property
-    def counts(self) -> Counter[Outcome]:
-        total: Counter[Outcome] = Counter()
+    def counts(self) -> Counter[DeliveryOutcome]:
+        total: Counter[DeliveryOutcome] = Counter()
         for worker in self.workers:
             total.update(worker.counts)
         return total

@@ -40,7 +40,7 @@ from saga.broker.transport import (
     declare_subscriptions,
     delivery_count,
 )
-from saga.consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.consumers.processing import BatchProcessor, Delivery, DeliveryOutcome
 from saga.consumers.stuck_sweep import StuckSweep
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
@@ -144,7 +144,7 @@ class Worker:
                 connection_kwargs=self.options.database.connection_kwargs(),
             ),
         )
-        self.counts: Counter[Outcome] = Counter()
+        self.counts: Counter[DeliveryOutcome] = Counter()
         self._secret = password_of(database_url)
         self._buffer: list[Message] = []
         self._batch_failures: Counter[str] = Counter()
@@ -421,7 +421,7 @@ class Worker:
             self.processor.dead_letter_poison(db, delivery, exc)
             message.ack()
             del self._batch_failures[key]
-            self.counts[Outcome.DEAD_LETTERED] += 1
+            self.counts[DeliveryOutcome.DEAD_LETTERED] += 1
         else:
             logger.warning("transaction for message %s failed (%s); requeueing", key, exc)
             message.requeue()

@@ -24,7 +24,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from saga.consumers.processing import BatchProcessor, Delivery, Outcome
+from saga.consumers.processing import BatchProcessor, Delivery, DeliveryOutcome
 from saga.effects.side_effects import SideEffects
 from saga.engine.definition import Saga
 from saga.engine.registry import SagaRegistry
@@ -63,7 +63,7 @@ class Consumed:
 
     service: str
     message: Message
-    outcome: Outcome
+    outcome: DeliveryOutcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +363,7 @@ class SagaHarness:
 
     def consumed_by(self, service: str) -> list[Message]:
         """The messages ``service`` (a real one) handled, duplicates and refusals left out."""
-        handled = (Outcome.HANDLED, Outcome.BUSINESS_FAILURE)
+        handled = (DeliveryOutcome.HANDLED, DeliveryOutcome.BUSINESS_FAILURE)
         return [c.message for c in self.consumed if c.service == service and c.outcome in handled]
 
     def assert_sent(self, service: str, *expected: Expected, any_order: bool = False) -> None:
@@ -503,10 +503,10 @@ class SagaHarness:
         self._errors.clear()
         (outcome,) = processor.process(self.conn, [Delivery(message.body, "application/json")])
         self.consumed.append(Consumed(message.service, message, outcome))
-        if crash and outcome is not Outcome.RETRY_SCHEDULED:
+        if crash and outcome is not DeliveryOutcome.RETRY_SCHEDULED:
             self._hand_over(message)  # committed, never acknowledged: the broker redelivers
             return
-        failed = outcome in (Outcome.RETRY_SCHEDULED, Outcome.DEAD_LETTERED)
+        failed = outcome in (DeliveryOutcome.RETRY_SCHEDULED, DeliveryOutcome.DEAD_LETTERED)
         if failed and self.fail_fast and self._errors:
             service, type_name, error = self._errors[-1]
             error.add_note(

@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Service, StepFailed
-from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
 from saga.consumers.processing import SEGMENT
 from saga.messaging.envelope import Envelope
 from saga.observability import tracing
@@ -63,7 +63,7 @@ def _no_spans_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "records_spans", lambda: False)
 
 
-def _process(db: TestDatabase, messages: list[Write]) -> tuple[list[Outcome], int]:
+def _process(db: TestDatabase, messages: list[Write]) -> tuple[list[DeliveryOutcome], int]:
     db.execute(EFFECTS_DDL)
     runs.clear()
     deliveries = [Delivery(Envelope.wrap(m).to_bytes(), JSON) for m in messages]
@@ -80,7 +80,7 @@ def _written(db: TestDatabase) -> Counter[str]:
 def test_a_batch_that_does_not_fail_takes_one_savepoint_per_segment(db: TestDatabase) -> None:
     messages = [Write(key=f"w{i}") for i in range(2 * SEGMENT + 3)]
     outcomes, savepoints = _process(db, messages)
-    assert outcomes == [Outcome.HANDLED] * len(messages)
+    assert outcomes == [DeliveryOutcome.HANDLED] * len(messages)
     assert savepoints == 3  # two full segments and the rest
     assert _written(db) == Counter(m.key for m in messages)
     assert set(runs.values()) == {1}
@@ -96,9 +96,9 @@ def test_a_failing_handler_reruns_only_the_start_of_its_segment(db: TestDatabase
     messages[sql] = Write(key="broken", fail="sql")
     outcomes, savepoints = _process(db, messages)
 
-    expected = [Outcome.HANDLED] * len(messages)
-    expected[business] = Outcome.BUSINESS_FAILURE
-    expected[sql] = Outcome.DEAD_LETTERED  # a ProgrammingError: no retry can mend it
+    expected = [DeliveryOutcome.HANDLED] * len(messages)
+    expected[business] = DeliveryOutcome.BUSINESS_FAILURE
+    expected[sql] = DeliveryOutcome.DEAD_LETTERED  # a ProgrammingError: no retry can mend it
     assert outcomes == expected
     ok = [m.key for m in messages if not m.fail]
     assert _written(db) == Counter(ok)  # every other write once; the failed ones undone
@@ -113,8 +113,8 @@ def test_a_technical_failure_in_a_segment_is_retried_later_alone(db: TestDatabas
     messages = [Write(key=f"w{i}") for i in range(5)]
     messages[2] = Write(key="flaky", fail="technical")
     outcomes, _ = _process(db, messages)
-    assert outcomes[2] is Outcome.RETRY_SCHEDULED
-    assert outcomes[:2] + outcomes[3:] == [Outcome.HANDLED] * 4
+    assert outcomes[2] is DeliveryOutcome.RETRY_SCHEDULED
+    assert outcomes[:2] + outcomes[3:] == [DeliveryOutcome.HANDLED] * 4
     assert _written(db) == Counter(["w0", "w1", "w3", "w4"])
     assert runs["flaky"] == 1  # immediate_attempts=1: its one try was the segment's
     retry = db.scalar(
@@ -130,6 +130,6 @@ def test_where_spans_are_recorded_every_delivery_has_its_own_savepoint(
     messages = [Write(key=f"w{i}") for i in range(SEGMENT + 2)]
     messages[3] = Write(key="refused", fail="business")
     outcomes, savepoints = _process(db, messages)
-    assert outcomes.count(Outcome.HANDLED) == len(messages) - 1
+    assert outcomes.count(DeliveryOutcome.HANDLED) == len(messages) - 1
     assert savepoints == len(messages)
     assert set(runs.values()) == {1}  # no handler ran twice

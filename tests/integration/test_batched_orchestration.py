@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, Saga, SagaRegistry, Service, StepFailed, Tx
-from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
 from saga.errors import BatchConflict
 from saga.handlers.retry import RetryPolicy
 from saga.messaging.control import Signal
@@ -112,7 +112,7 @@ def _statuses(db: TestDatabase) -> dict[str, tuple[str, str | None]]:
     return {key: (status, step) for key, status, step in rows}
 
 
-def _handle(db: TestDatabase, deliveries: list[Delivery]) -> tuple[list[Outcome], int]:
+def _handle(db: TestDatabase, deliveries: list[Delivery]) -> tuple[list[DeliveryOutcome], int]:
     """Handle ``deliveries`` as one batch of the orchestrator; outcomes, statements sent."""
     # As the worker does: the rows it wrote are published after the commit, no relay woken.
     with psycopg.connect(db.url, cursor_factory=CountingCursor) as conn, leasing(Leases()):
@@ -127,7 +127,7 @@ def test_a_batch_of_replies_costs_fewer_statements_than_deliveries(db: TestDatab
 
     outcomes, statements = _handle(db, replies)
 
-    assert outcomes == [Outcome.HANDLED] * 12
+    assert outcomes == [DeliveryOutcome.HANDLED] * 12
     assert set(_statuses(db).values()) == {("running", "approve")}
     # lock timeout, inbox, read the sagas, the segment's savepoint, write the sagas, their
     # log, their timeout timers
@@ -142,7 +142,7 @@ def test_local_steps_in_a_batch_share_their_segment_s_savepoint(db: TestDatabase
 
     outcomes, statements = _handle(db, replies)
 
-    assert outcomes == [Outcome.HANDLED] * 12
+    assert outcomes == [DeliveryOutcome.HANDLED] * 12
     assert set(_statuses(db).values()) == {("running", "approve")}
     # the seven of a batch, then each saga's local step: its insert alone
     assert statements == 7 + 12
@@ -153,7 +153,7 @@ def test_one_delivery_alone_is_written_directly(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
     (reply,) = _replies_for(db, [Order(order_id="alone", local="skip")])
     outcomes, statements = _handle(db, [reply])
-    assert outcomes == [Outcome.HANDLED]
+    assert outcomes == [DeliveryOutcome.HANDLED]
     assert _statuses(db) == {"alone": ("running", "approve")}
     assert statements == 5  # inbox, read, save, log, timer: no savepoint, nothing shared
 
@@ -171,7 +171,11 @@ def test_a_failing_local_step_spoils_only_its_own_saga(db: TestDatabase) -> None
 
     outcomes, _ = _handle(db, replies)
 
-    assert outcomes == [Outcome.HANDLED, Outcome.HANDLED, Outcome.RETRY_SCHEDULED]
+    assert outcomes == [
+        DeliveryOutcome.HANDLED,
+        DeliveryOutcome.HANDLED,
+        DeliveryOutcome.RETRY_SCHEDULED,
+    ]
     assert _statuses(db) == {
         "fine": ("running", "approve"),
         "refused": ("compensating", "reserve"),  # its release is on its way
@@ -192,7 +196,7 @@ def test_two_events_for_one_saga_in_a_batch_apply_in_order(db: TestDatabase) -> 
     # The approval is only valid once the reply has moved the saga to its wait step.
     outcomes, _ = _handle(db, [reply, Delivery(signal.to_bytes(), JSON)])
 
-    assert outcomes == [Outcome.HANDLED, Outcome.HANDLED]
+    assert outcomes == [DeliveryOutcome.HANDLED, DeliveryOutcome.HANDLED]
     assert _statuses(db) == {"quick": ("completed", None)}
 
 
@@ -211,5 +215,5 @@ def test_a_lock_conflict_sends_the_batch_back_without_writing_anything(
         holder.rollback()
 
     for reply in replies:  # what the worker then does: one delivery per transaction
-        assert _handle(db, [reply])[0] == [Outcome.HANDLED]
+        assert _handle(db, [reply])[0] == [DeliveryOutcome.HANDLED]
     assert set(_statuses(db).values()) == {("running", "approve")}

@@ -11,7 +11,7 @@ import threading
 
 import psycopg
 
-from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
 from saga.handlers.closed_steps import ClosedSteps
 from saga.messaging.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.support.databases import TestDatabase
@@ -24,7 +24,7 @@ KEY = "saga-1:reserve"
 def test_a_command_waiting_for_its_compensation_finds_its_step_closed(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
     command = Envelope.wrap(Ping(key="late"), headers={IDEMPOTENCY_KEY_HEADER: KEY})
-    outcomes: list[Outcome] = []
+    outcomes: list[DeliveryOutcome] = []
 
     def handle() -> None:
         with psycopg.connect(db.url) as conn:
@@ -38,5 +38,5 @@ def test_a_command_waiting_for_its_compensation_finds_its_step_closed(db: TestDa
         wait_until(lambda: db.waiting_on_locks() == 1, what="the command waiting for the lock")
     handling.join(30)
     assert not handling.is_alive()
-    assert outcomes == [Outcome.STALE]
+    assert outcomes == [DeliveryOutcome.STALE]
     assert db.scalar("SELECT count(*) FROM public.effects") == 0  # the command never ran

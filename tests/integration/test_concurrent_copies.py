@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from saga.consumers import Outcome
+from saga.consumers import DeliveryOutcome
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from tests.support.brokers import TestBroker
@@ -44,7 +44,10 @@ def test_two_copies_in_two_concurrent_batches_apply_one_effect(
         assert db.scalar("SELECT count(*) FROM effects") == 0
         hold.release()
         wait_until(lambda: sum(second.counts.values()) == 2, what="both of its deliveries")
-        assert (second.counts[Outcome.DUPLICATE], second.counts[Outcome.HANDLED]) == (1, 1)
+        assert (
+            second.counts[DeliveryOutcome.DUPLICATE],
+            second.counts[DeliveryOutcome.HANDLED],
+        ) == (1, 1)
     first.proc.send_signal(signal.SIGTERM)
     assert first.wait(60) == 0, first.output()
     assert db.rows("SELECT key, count(*) FROM effects GROUP BY key ORDER BY key") == [

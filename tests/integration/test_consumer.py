@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Service
-from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.control import FailureReply
 from saga.messaging.envelope import Envelope
@@ -44,8 +44,8 @@ def test_a_message_delivered_twice_is_applied_once(db: TestDatabase, rabbit: Tes
         rabbit.publish_raw(service.name, body, JSON)
         rabbit.publish_raw(service.name, body, JSON)
         wait_until(lambda: sum(runner.counts.values()) == 2, what="two deliveries")
-        assert runner.counts[Outcome.HANDLED] == 1
-        assert runner.counts[Outcome.DUPLICATE] == 1
+        assert runner.counts[DeliveryOutcome.HANDLED] == 1
+        assert runner.counts[DeliveryOutcome.DUPLICATE] == 1
     assert _effects(db, "ping", "twice") == 1
 
 
@@ -62,7 +62,7 @@ def test_bad_input_is_rejected_with_a_reason_and_never_blocks(
         rabbit.publish_raw(service.name, b'{"message_id": "not json', JSON)
         rabbit.publish_raw(service.name, Envelope.wrap(Ping(key="good")).to_bytes(), JSON)
         wait_until(lambda: _effects(db, "ping", "good") == 1, what="the good message")
-        assert runner.counts[Outcome.REJECTED] == 3
+        assert runner.counts[DeliveryOutcome.REJECTED] == 3
     letters = db.rows(
         "SELECT reason, error_type, error_message, content_type FROM saga.dead_letters ORDER BY id"
     )
@@ -83,7 +83,7 @@ def test_business_failure_undoes_handler_writes_and_replies(
     envelope = Envelope.wrap(Refuse(key="r1")).model_copy(update={"reply_to": "requester"})
     with running_service(service, db, rabbit) as runner:
         rabbit.publish_raw(service.name, envelope.to_bytes(), JSON)
-        wait_until(lambda: runner.counts[Outcome.BUSINESS_FAILURE] == 1, what="refusal")
+        wait_until(lambda: runner.counts[DeliveryOutcome.BUSINESS_FAILURE] == 1, what="refusal")
     assert db.scalar("SELECT count(*) FROM effects") == 0
     assert db.scalar("SELECT count(*) FROM saga.inbox") == 1
     (message,) = rabbit.receive("requester", 1)  # published by the consumer after its commit
@@ -126,8 +126,8 @@ def test_handler_that_always_fails_is_dead_lettered_after_all_attempts(
     msg = Envelope.wrap(Flaky(key="never", fail_times=1000))
     with running_service(service, db, rabbit) as runner, running_relay(db, rabbit):
         rabbit.publish_raw(service.name, msg.to_bytes(), JSON)
-        wait_until(lambda: runner.counts[Outcome.DEAD_LETTERED] == 1, what="dead letter")
-        assert runner.counts[Outcome.RETRY_SCHEDULED] == 2
+        wait_until(lambda: runner.counts[DeliveryOutcome.DEAD_LETTERED] == 1, what="dead letter")
+        assert runner.counts[DeliveryOutcome.RETRY_SCHEDULED] == 2
     (row,) = db.rows(
         "SELECT reason, error_type, attempts, message_id, traceback, first_failed_at <= "
         "last_failed_at FROM saga.dead_letters"
@@ -153,7 +153,9 @@ def test_crash_after_commit_before_ack_redelivers_and_applies_once(
     wait_until(lambda: rabbit.queue_depth(service.name) == 1, what="the unacked message requeued")
     with running_service(service, db, rabbit) as survivor:
         wait_until(lambda: sum(survivor.counts.values()) == 1, what="redelivery handled")
-        assert survivor.counts[Outcome.DUPLICATE] == 1, survivor.counts  # the inbox caught it
+        assert survivor.counts[DeliveryOutcome.DUPLICATE] == 1, (
+            survivor.counts
+        )  # the inbox caught it
     assert rabbit.queue_depth(service.name) == 0  # acked: stopping the survivor requeued nothing
     assert _effects(db, "ping", "crash") == 1
 
@@ -180,7 +182,10 @@ def test_crash_between_publish_and_delete_delivers_twice_and_applies_once(
     assert rabbit.queue_depth(service.name) == 2  # the broker holds the message twice
     with running_service(service, db, rabbit) as runner:
         wait_until(lambda: sum(runner.counts.values()) == 2, what="both copies handled")
-        assert (runner.counts[Outcome.HANDLED], runner.counts[Outcome.DUPLICATE]) == (1, 1)
+        assert (
+            runner.counts[DeliveryOutcome.HANDLED],
+            runner.counts[DeliveryOutcome.DUPLICATE],
+        ) == (1, 1)
     assert _effects(db, "ping", "dup") == 1
 
 
@@ -264,7 +269,7 @@ def test_batches_that_deadlock_on_hot_rows_still_finish(
     bodies = [Envelope.wrap(Hop(chain="c", seq=i, last=0)).to_bytes() for i in range(300)]
     with running_service(hot, db, rabbit, concurrency=2, prefetch=50) as runner:
         rabbit.publish_many(hot.name, bodies)
-        wait_until(lambda: runner.counts[Outcome.HANDLED] == 300, timeout=120, what="300")
+        wait_until(lambda: runner.counts[DeliveryOutcome.HANDLED] == 300, timeout=120, what="300")
     assert db.rows("SELECT id, n FROM counters ORDER BY id") == [(1, 300), (2, 300)]
     assert db.scalar("SELECT count(*) FROM saga.dead_letters") == 0
 
@@ -309,7 +314,7 @@ def test_rows_of_a_publish_after_commit_the_broker_nacked_stay_for_the_relay(
     rabbit.use("capped")
     with running_service(splitter, db, rabbit) as runner:
         rabbit.publish_raw(splitter.name, Envelope.wrap(Ping(key="p")).to_bytes(), JSON)
-        wait_until(lambda: runner.counts[Outcome.HANDLED] == 1, what="the ping handled")
+        wait_until(lambda: runner.counts[DeliveryOutcome.HANDLED] == 1, what="the ping handled")
     assert rabbit.queue_depth("capped") == 1  # the first got in; the second was nacked
     # the confirmed row is gone; the nacked one stays, no longer leased to the consumer
     assert db.rows("SELECT deliver_after IS NULL FROM saga.outbox") == [(True,)]
@@ -339,16 +344,16 @@ def test_one_batch_commits_each_delivery_on_its_own_merits(db: TestDatabase) -> 
     with db.connect(autocommit=False) as conn:
         outcomes = processor.process(conn, batch)
         assert outcomes == [
-            Outcome.HANDLED,
-            Outcome.DUPLICATE,
-            Outcome.BUSINESS_FAILURE,
-            Outcome.RETRY_SCHEDULED,
-            Outcome.HANDLED,
-            Outcome.REJECTED,
+            DeliveryOutcome.HANDLED,
+            DeliveryOutcome.DUPLICATE,
+            DeliveryOutcome.BUSINESS_FAILURE,
+            DeliveryOutcome.RETRY_SCHEDULED,
+            DeliveryOutcome.HANDLED,
+            DeliveryOutcome.REJECTED,
         ]
         # the retry carries the same message id: its inbox row went, so it gets through
         retry = Delivery(failing.with_headers(attempt="2").to_bytes(), JSON)
-        assert processor.process(conn, [retry]) == [Outcome.RETRY_SCHEDULED]
+        assert processor.process(conn, [retry]) == [DeliveryOutcome.RETRY_SCHEDULED]
     assert [_effects(db, "ping", k) for k in ("a", "b")] == [1, 1]
     assert db.scalar("SELECT count(*) FROM effects WHERE kind <> 'ping'") == 0
     assert db.scalar("SELECT count(*) FROM saga.inbox") == 3  # a, b and the refusal
@@ -395,7 +400,7 @@ def test_a_deterministic_failure_is_dead_lettered_at_once(
     processor = BatchProcessor(_deterministic_service(patient))
     with db.connect(autocommit=False) as conn:
         assert processor.process(conn, [Delivery(envelope.to_bytes(), JSON)]) == [
-            Outcome.DEAD_LETTERED
+            DeliveryOutcome.DEAD_LETTERED
         ]
     (row,) = db.rows("SELECT message_id, error_type, attempts FROM saga.dead_letters")
     assert row == (envelope.message_id, error_type, 1)  # one try, no delayed retry
@@ -415,8 +420,8 @@ def test_a_policy_can_retry_deterministic_failures_too(db: TestDatabase) -> None
         first = processor.process(conn, [Delivery(envelope.to_bytes(), JSON)])
         again = Delivery(envelope.with_headers(attempt="2").to_bytes(), JSON)
         assert (first, processor.process(conn, [again])) == (
-            [Outcome.RETRY_SCHEDULED],
-            [Outcome.DEAD_LETTERED],
+            [DeliveryOutcome.RETRY_SCHEDULED],
+            [DeliveryOutcome.DEAD_LETTERED],
         )
     assert db.rows("SELECT error_type, attempts FROM saga.dead_letters") == [
         ("ConfigurationError", 4)  # 2 tries x 2 deliveries
@@ -429,5 +434,7 @@ def test_tries_are_counted_afresh_in_every_test(db: TestDatabase, run: str) -> N
     _setup(db)
     flaky = Envelope.wrap(Flaky(key="counted-per-test", fail_times=1)).to_bytes()
     with db.connect(autocommit=False) as conn:
-        assert BatchProcessor(service).process(conn, [Delivery(flaky, JSON)]) == [Outcome.HANDLED]
+        assert BatchProcessor(service).process(conn, [Delivery(flaky, JSON)]) == [
+            DeliveryOutcome.HANDLED
+        ]
     assert db.rows("SELECT seq FROM effects WHERE kind = 'flaky-done'") == [(2,)]  # 2nd try

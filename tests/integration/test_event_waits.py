@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, Outbox, RetryPolicy, Saga, SagaRegistry, Service, Tx
-from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
 from saga.errors import ConfigurationError
 from saga.messaging.envelope import Envelope
 from saga.operations.retention import Pruner
@@ -223,7 +223,7 @@ def test_in_one_batch_the_reply_begins_the_wait_and_the_event_behind_it_ends_it(
     (reply,) = _reply_waiting(db, "b1")
     with psycopg.connect(db.url) as conn:
         outcomes = BatchProcessor(registry.as_service()).process(conn, [reply, _settlement("b1")])
-    assert outcomes == [Outcome.HANDLED, Outcome.HANDLED]
+    assert outcomes == [DeliveryOutcome.HANDLED, DeliveryOutcome.HANDLED]
     assert _status(db, "b1") == ("completed", None)
     assert db.scalar("SELECT count(*) FROM saga.early_events WHERE correlation_key = 'b1'") == 0
 
@@ -243,7 +243,7 @@ def test_a_wait_and_its_event_committing_at_once_never_miss_each_other(
     if held_first == "event":
         first, second = second, first
     service = registry.as_service()
-    outcomes: list[Outcome] = []
+    outcomes: list[DeliveryOutcome] = []
 
     def handle_second() -> None:
         with psycopg.connect(db.url) as conn:
@@ -257,7 +257,7 @@ def test_a_wait_and_its_event_committing_at_once_never_miss_each_other(
             lambda: db.scalar(LOCK_WAITS), what="the second transaction waiting for the lock"
         )
     thread.join(30)
-    assert outcomes == [Outcome.HANDLED]
+    assert outcomes == [DeliveryOutcome.HANDLED]
     assert _status(db, "race") == ("completed", None)
     assert db.scalar("SELECT count(*) FROM saga.early_events WHERE correlation_key = 'race'") == 0
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from saga import Outbox, Service
 from saga.broker.transport import BrokerConfig
-from saga.consumers import Outcome, ServiceRunner
+from saga.consumers import DeliveryOutcome, ServiceRunner
 from saga.errors import EventsNotSupported
 from saga.observability.metrics import Metrics
 from saga.outbox_relay import Relay, RelayOptions
@@ -200,7 +200,7 @@ def test_replaying_one_subscribers_dead_letter_redelivers_to_that_subscriber_onl
         wait_until(lambda: effects_per_key(billing_db, "billing") == {"fine": 1, "broken-1": 1})
         deliveries = {name: sum(runner.counts.values()) for name, runner in runners.items()}
     assert deliveries == {"billing": 3, "notices": 2, "ledger": 2}  # the replay went to billing
-    assert runners["notices"].counts[Outcome.DUPLICATE] == 0
+    assert runners["notices"].counts[DeliveryOutcome.DUPLICATE] == 0
     assert handled(subscriber_dbs)["ledger"] == {"fine": 1, "broken-1": 1}
 
 

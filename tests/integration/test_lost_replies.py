@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
 from saga.messaging.envelope import Envelope
 from saga.operations.resume import SagaResumer, StuckFilter
 from tests.support import sagas as trips
@@ -36,7 +36,7 @@ def _take_outbox(db: TestDatabase) -> list[tuple[Any, ...]]:
     return sorted((row[0], row[1], bytes(row[2])) for row in rows)
 
 
-def _process(db: TestDatabase, deliveries: list[Delivery]) -> list[Outcome]:
+def _process(db: TestDatabase, deliveries: list[Delivery]) -> list[DeliveryOutcome]:
     with psycopg.connect(db.url) as conn:
         return BatchProcessor(service).process(conn, deliveries)
 
@@ -46,17 +46,20 @@ def test_a_duplicate_is_answered_again_with_the_replies_sent_the_first_time(
 ) -> None:
     db.execute(EFFECTS_DDL)
     ping, refused = _request(Ping(key="p")), _request(Refuse(key="r"))
-    assert _process(db, [ping, refused]) == [Outcome.HANDLED, Outcome.BUSINESS_FAILURE]
+    assert _process(db, [ping, refused]) == [
+        DeliveryOutcome.HANDLED,
+        DeliveryOutcome.BUSINESS_FAILURE,
+    ]
     first = _take_outbox(db)  # the replies, then lost by the broker
     assert [row[1] for row in first] == ["requester", "requester"]
 
-    assert _process(db, [ping, refused]) == [Outcome.DUPLICATE, Outcome.DUPLICATE]
+    assert _process(db, [ping, refused]) == [DeliveryOutcome.DUPLICATE, DeliveryOutcome.DUPLICATE]
     assert _take_outbox(db) == first  # the same replies: same ids, same bytes
     assert db.scalar("SELECT count(*) FROM effects") == 1  # the ping's effect, once
 
     # a batch with nothing already handled neither looks up nor keeps anything extra
     assert _process(db, [Delivery(Envelope.wrap(Ping(key="q")).to_bytes(), JSON)]) == [
-        Outcome.HANDLED
+        DeliveryOutcome.HANDLED
     ]
     assert db.scalar("SELECT count(*) FROM saga.inbox_replies") == 2
     assert _take_outbox(db) == []
@@ -65,7 +68,7 @@ def test_a_duplicate_is_answered_again_with_the_replies_sent_the_first_time(
 def test_two_copies_in_one_batch_reply_once(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
     ping = _request(Ping(key="twice"))
-    assert _process(db, [ping, ping]) == [Outcome.HANDLED, Outcome.DUPLICATE]
+    assert _process(db, [ping, ping]) == [DeliveryOutcome.HANDLED, DeliveryOutcome.DUPLICATE]
     assert len(_take_outbox(db)) == 1
 
 
@@ -78,7 +81,7 @@ def test_a_saga_whose_reply_was_lost_finishes_when_resumed(db: TestDatabase) -> 
     (command,) = _take_outbox(db)
     assert command[1] == "bank"
     with psycopg.connect(db.url) as conn:
-        assert bank.process(conn, [Delivery(bytes(command[2]), JSON)]) == [Outcome.HANDLED]
+        assert bank.process(conn, [Delivery(bytes(command[2]), JSON)]) == [DeliveryOutcome.HANDLED]
     (reply,) = _take_outbox(db)  # the Charged reply, lost with the broker
     assert reply[1] == "trips"
 

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, Outbox, RetryPolicy, Service
-from saga.consumers import Outcome
+from saga.consumers import DeliveryOutcome
 from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics
 from saga.operations.retention import Pruner, RetentionPolicy
@@ -69,15 +69,21 @@ def test_always_failing_handler_gets_exact_attempts_while_others_flow(
         # the 300 behind the failing message must all be handled while it waits.
         wait_until(
             lambda: (
-                (runner.counts[Outcome.HANDLED], runner.counts[Outcome.RETRY_SCHEDULED]) == (300, 1)
+                (
+                    runner.counts[DeliveryOutcome.HANDLED],
+                    runner.counts[DeliveryOutcome.RETRY_SCHEDULED],
+                )
+                == (300, 1)
             ),
             what="300 handled while the failing one waits for its retry",
         )
         assert len(tries) == 2
         assert count(db, "SELECT count(*) FROM saga.outbox WHERE deliver_after IS NOT NULL") == 1
         with running_relay(db, rabbit):
-            wait_until(lambda: runner.counts[Outcome.DEAD_LETTERED] == 1, what="dead letter")
-        assert runner.counts[Outcome.RETRY_SCHEDULED] == 2
+            wait_until(
+                lambda: runner.counts[DeliveryOutcome.DEAD_LETTERED] == 1, what="dead letter"
+            )
+        assert runner.counts[DeliveryOutcome.RETRY_SCHEDULED] == 2
     assert len(tries) == 6
     attempts, error_type = db.rows("SELECT attempts, error_type FROM saga.dead_letters")[0]
     assert (attempts, error_type) == (6, "TimeoutError")
@@ -90,14 +96,14 @@ def test_replay_after_fix_applies_once_and_a_second_replay_changes_nothing(
     broken = Envelope.wrap(Flaky(key="fixed-later", fail_times=6))  # fails all 6 tries
     with running_service(service, db, rabbit) as runner, running_relay(db, rabbit):
         rabbit.publish_raw(service.name, broken.to_bytes(), JSON)
-        wait_until(lambda: runner.counts[Outcome.DEAD_LETTERED] == 1, what="dead letter")
+        wait_until(lambda: runner.counts[DeliveryOutcome.DEAD_LETTERED] == 1, what="dead letter")
         letter_id = db.scalar("SELECT id FROM saga.dead_letters")
         first = saga_cli(db.url, "dlq", "replay", str(letter_id))  # the 7th try succeeds: "fixed"
         assert first.returncode == 0, first.stderr
         wait_until(lambda: effects(db, "flaky-done", "fixed-later") == 1, what="replayed")
         second = saga_cli(db.url, "dlq", "replay", str(letter_id))
         assert second.returncode == 0, second.stderr
-        wait_until(lambda: runner.counts[Outcome.DUPLICATE] == 1, what="second replay seen")
+        wait_until(lambda: runner.counts[DeliveryOutcome.DUPLICATE] == 1, what="second replay seen")
     assert effects(db, "flaky-done", "fixed-later") == 1
     status, replays = db.rows("SELECT status, replay_count FROM saga.dead_letters")[0]
     assert (status, replays) == ("replayed", 2)
@@ -311,7 +317,7 @@ def test_prune_keeps_the_dedup_window(db: TestDatabase, rabbit: TestBroker) -> N
     recent = Envelope.wrap(Ping(key="recent"))
     with running_service(service, db, rabbit) as runner:
         rabbit.publish_raw(service.name, recent.to_bytes(), JSON)
-        wait_until(lambda: runner.counts[Outcome.HANDLED] == 1, what="handled")
+        wait_until(lambda: runner.counts[DeliveryOutcome.HANDLED] == 1, what="handled")
     db.execute(
         "INSERT INTO saga.inbox (consumer, message_id, received_at) "
         "SELECT 'old', gen_random_uuid(), now() - interval '40 days' FROM generate_series(1, 1200)"
@@ -332,7 +338,7 @@ def test_prune_keeps_the_dedup_window(db: TestDatabase, rabbit: TestBroker) -> N
     assert count(db, "SELECT count(*) FROM saga.inbox") == 1
     with running_service(service, db, rabbit) as runner:
         rabbit.publish_raw(service.name, recent.to_bytes(), JSON)  # a late duplicate
-        wait_until(lambda: runner.counts[Outcome.DUPLICATE] == 1, what="duplicate rejected")
+        wait_until(lambda: runner.counts[DeliveryOutcome.DUPLICATE] == 1, what="duplicate rejected")
     assert effects(db, "ping", "recent") == 1
 
 

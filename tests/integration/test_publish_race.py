@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 from saga import Outbox, uuid7
-from saga.consumers import Outcome
+from saga.consumers import DeliveryOutcome
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
 from saga.outbox_relay import Relay, RelayOptions
@@ -56,8 +56,8 @@ def test_relays_polling_hard_and_publish_after_commit_deliver_each_message_once(
             timeout=120,
             what="every hop handled, the outbox empty",
         )
-    assert runner.counts[Outcome.DUPLICATE] == 0, runner.counts
-    assert runner.counts[Outcome.HANDLED] == CHAINS * HOPS
+    assert runner.counts[DeliveryOutcome.DUPLICATE] == 0, runner.counts
+    assert runner.counts[DeliveryOutcome.HANDLED] == CHAINS * HOPS
     assert db.scalar("SELECT count(DISTINCT (key, seq)) FROM effects") == CHAINS * HOPS
     assert rabbit.depth_once_released(service.name) == 0  # no late copy behind them
     relayed = sum(relay.published_total for relay in relays)
@@ -142,7 +142,9 @@ def test_a_row_the_broker_refuses_goes_to_the_relays_at_once_not_when_its_lease_
     try:
         with running_service(announcer, db, broker, publish_lease=600.0) as runner:
             broker.publish_raw(announcer.name, Envelope.wrap(Announce(key="a1")).to_bytes(), JSON)
-            wait_until(lambda: runner.counts[Outcome.HANDLED] == 1, what="the command handled")
+            wait_until(
+                lambda: runner.counts[DeliveryOutcome.HANDLED] == 1, what="the command handled"
+            )
             wait_until(
                 lambda: (
                     db.scalar("SELECT count(*) FROM saga.outbox WHERE deliver_after IS NULL") == 1

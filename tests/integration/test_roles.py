@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from saga import Outbox
-from saga.consumers import Outcome
+from saga.consumers import DeliveryOutcome
 from saga.effects.side_effects import SideEffects
 from saga.errors import ConfigurationError
 from saga.messaging.envelope import Envelope
@@ -83,7 +83,7 @@ def test_consumer_runs_under_the_service_role(
         rabbit.publish_raw(service.name, b"junk", "application/json")  # a dead letter, too
         rabbit.publish_raw(service.name, failing.to_bytes(), "application/json")  # a retry
         wait_until(lambda: sum(runner.counts.values()) == 3, what="handled under the role")
-        assert runner.counts[Outcome.RETRY_SCHEDULED] == 1
+        assert runner.counts[DeliveryOutcome.RETRY_SCHEDULED] == 1
         (reply,) = rabbit.receive("requester", 1)  # published by the consumer, under the role
         rabbit.publish_raw(service.name, request.to_bytes(), "application/json")  # a duplicate
         (again,) = rabbit.receive("requester", 1)  # answered again with the kept reply

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from saga import Outbox
-from saga.consumers import Outcome
+from saga.consumers import DeliveryOutcome
 from saga.errors import ConfigurationError, SignatureRejected
 from saga.messaging.envelope import Envelope
 from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES
@@ -124,7 +124,10 @@ def test_consumer_counts_signature_rejections(db: TestDatabase, rabbit: TestBrok
         rabbit.publish_raw(service.name, unsigned, "application/json")
         rabbit.publish_raw(service.name, signed, "application/json", headers=ring.sign(signed))
         wait_until(
-            lambda: runner.counts[Outcome.REJECTED] == 1 and runner.counts[Outcome.HANDLED] == 1,
+            lambda: (
+                runner.counts[DeliveryOutcome.REJECTED] == 1
+                and runner.counts[DeliveryOutcome.HANDLED] == 1
+            ),
             what="the unsigned message rejected and the signed one handled",
         )
     assert db.rows("SELECT key FROM effects") == [("after",)]  # no handler ran for "x"

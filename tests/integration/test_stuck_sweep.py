@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from kombu import Connection
 
-from saga.consumers import BatchProcessor, Delivery, Outcome
+from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
 from saga.consumers.stuck_sweep import StuckSweep
 from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
@@ -136,7 +136,7 @@ def test_two_sweeps_of_the_same_stall_write_one_resume_the_inbox_takes_once(
     home = BatchProcessor(trips.registry.as_service())
     with psycopg.connect(db.url) as conn:
         outcomes = home.process(conn, [Delivery(body, JSON) for body in bodies])
-    assert outcomes == [Outcome.HANDLED, Outcome.DUPLICATE]
+    assert outcomes == [DeliveryOutcome.HANDLED, DeliveryOutcome.DUPLICATE]
     (command,) = db.rows("SELECT message_type FROM saga.outbox")  # the step, sent once again
     assert command[0] == "Charge"
 

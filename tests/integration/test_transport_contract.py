@@ -23,7 +23,7 @@ from kombu import Consumer, Message, Producer
 from saga import Outbox
 from saga.broker.redis.transport import REGISTRY
 from saga.broker.transport import BrokerConfig, Topology, declare_subscriptions
-from saga.consumers import Outcome
+from saga.consumers import DeliveryOutcome
 from saga.examples.order_saga.redis_server import RedisServer
 from saga.messaging.envelope import Envelope
 from saga.outbox_relay.claims import OutboxRow
@@ -151,7 +151,7 @@ class BrokerContract:
             broker.publish_raw(service.name, body, "application/json")
             broker.publish_raw(service.name, body, "application/json")
             wait_until(lambda: sum(runner.counts.values()) == 2, what="both copies")
-            assert runner.counts[Outcome.DUPLICATE] == 1
+            assert runner.counts[DeliveryOutcome.DUPLICATE] == 1
         assert _count(db, "ping") == 1
 
     def test_non_json_is_rejected_and_recorded(self, db: TestDatabase, broker: TestBroker) -> None:
@@ -162,7 +162,7 @@ class BrokerContract:
                 service.name, Envelope.wrap(Ping(key="ok")).to_bytes(), "application/json"
             )
             wait_until(lambda: _count(db, "ping") == 1, what="the good message")
-            assert runner.counts[Outcome.REJECTED] == 1
+            assert runner.counts[DeliveryOutcome.REJECTED] == 1
         assert db.scalar("SELECT error_type FROM saga.dead_letters") == "ContentTypeRejected"
 
     def test_an_outbox_delay_holds_the_message_on_every_broker(
