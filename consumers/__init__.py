@@ -2,14 +2,14 @@
 service declares (``Service``, ``HandlerContext``, ``RetryPolicy``, ``StepFailed``) is
 imported from :mod:`saga`."""
 
-from saga.consumers.processing import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers.delivery_batches import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.consumers.runner import ServiceRunner
 from saga.consumers.worker import ConsumerOptions, Worker
 
 __all__ = [
-    "BatchProcessor",
     "ConsumerOptions",
     "Delivery",
+    "DeliveryBatchProcessor",
     "DeliveryOutcome",
     "ServiceRunner",
     "Worker",

@@ -8,7 +8,7 @@ import time
 from collections import Counter
 
 from saga.broker.transport import BrokerConfig, Topology
-from saga.consumers.processing import DeliveryOutcome
+from saga.consumers.delivery_batches import DeliveryOutcome
 from saga.consumers.worker import ConsumerOptions, Worker
 from saga.handlers.service import Service
 from saga.observability.metrics import Metrics

@@ -40,7 +40,7 @@ from saga.broker.transport import (
     declare_subscriptions,
     delivery_count,
 )
-from saga.consumers.processing import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers.delivery_batches import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.consumers.stuck_sweep import StuckSweep
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
@@ -129,7 +129,7 @@ class Worker:
             )
         self.topology = topology or Topology()
         self.name = name
-        self.processor = BatchProcessor(
+        self.processor = DeliveryBatchProcessor(
             service,
             schema=self.options.schema,
             max_message_bytes=self.options.max_message_bytes,

@@ -10,7 +10,7 @@ opens no savepoint for it), and a conflict found at the flush sends the batch
 back to be handled one delivery per transaction, where no scope is used.
 
 The runtime handles deliveries in segments that share one savepoint (see
-:mod:`saga.consumers.processing`): ``guarded`` says whether the delivery being
+:mod:`saga.consumers.delivery_batches`): ``guarded`` says whether the delivery being
 handled has a savepoint of its own. Without one, a handler that would undo part
 of its own writes raises :class:`~saga.errors.NeedsSavepoint` instead; the
 runtime then rolls the segment back (and the scope to its :meth:`mark`) and

@@ -24,7 +24,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from saga.consumers.processing import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers.delivery_batches import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.effects.side_effects import SideEffects
 from saga.engine.definition import Saga
 from saga.engine.registry import SagaRegistry
@@ -156,7 +156,7 @@ class SagaHarness:
             originals.insert(0, registry.as_service())
         self.services = {s.name: self._instrumented(s) for s in originals}
         self._processors = {
-            name: BatchProcessor(service, schema=database.schema, effects=self._effects)
+            name: DeliveryBatchProcessor(service, schema=database.schema, effects=self._effects)
             for name, service in self.services.items()
         }
         for service in self.services.values():

@@ -1,6 +1,6 @@
 """A batch shares one savepoint per segment of deliveries while no handler fails.
 
-Through :class:`BatchProcessor` on a real PostgreSQL: the savepoint commands a batch
+Through :class:`DeliveryBatchProcessor` on a real PostgreSQL: the savepoint commands a batch
 sends are counted, and a handler that fails in the middle of a segment must leave
 every other delivery's effect exactly once and its own writes undone.
 """
@@ -15,8 +15,8 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Service, StepFailed
-from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
-from saga.consumers.processing import SEGMENT
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
+from saga.consumers.delivery_batches import SEGMENT
 from saga.messaging.envelope import Envelope
 from saga.observability import tracing
 from tests.support.databases import TestDatabase
@@ -69,7 +69,7 @@ def _process(db: TestDatabase, messages: list[Write]) -> tuple[list[DeliveryOutc
     deliveries = [Delivery(Envelope.wrap(m).to_bytes(), JSON) for m in messages]
     with psycopg.connect(db.url, cursor_factory=SavepointCounter) as conn:
         SavepointCounter.sent = 0
-        outcomes = BatchProcessor(segmented).process(conn, deliveries)
+        outcomes = DeliveryBatchProcessor(segmented).process(conn, deliveries)
         return outcomes, SavepointCounter.sent
 
 

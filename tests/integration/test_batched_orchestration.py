@@ -3,7 +3,7 @@
 Every saga the batch names is read in one statement, every transition is decided
 in memory, and the changed rows, step-log entries and outgoing messages are
 written in one statement each. These tests drive the orchestrator's service
-through the consumer's :class:`BatchProcessor` on a real PostgreSQL and count
+through the consumer's :class:`DeliveryBatchProcessor` on a real PostgreSQL and count
 the statements the framework sends.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, Saga, SagaRegistry, Service, StepFailed, Tx
-from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.errors import BatchConflict
 from saga.handlers.retry import RetryPolicy
 from saga.messaging.control import Signal
@@ -103,7 +103,7 @@ def _replies_for(db: TestDatabase, orders: list[Order]) -> list[Delivery]:
     """Start ``orders`` and let the stock service answer: the replies, not yet handled."""
     _start(db, orders)
     with psycopg.connect(db.url) as conn:
-        BatchProcessor(stock).process(conn, _outbox(db, "stock"))
+        DeliveryBatchProcessor(stock).process(conn, _outbox(db, "stock"))
     return _outbox(db, "orders")
 
 
@@ -117,7 +117,7 @@ def _handle(db: TestDatabase, deliveries: list[Delivery]) -> tuple[list[Delivery
     # As the worker does: the rows it wrote are published after the commit, no relay woken.
     with psycopg.connect(db.url, cursor_factory=CountingCursor) as conn, leasing(Leases()):
         CountingCursor.sent = 0
-        outcomes = BatchProcessor(registry.as_service()).process(conn, deliveries)
+        outcomes = DeliveryBatchProcessor(registry.as_service()).process(conn, deliveries)
         return outcomes, CountingCursor.sent
 
 

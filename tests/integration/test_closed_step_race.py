@@ -11,7 +11,7 @@ import threading
 
 import psycopg
 
-from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.handlers.closed_steps import ClosedSteps
 from saga.messaging.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.support.databases import TestDatabase
@@ -29,7 +29,7 @@ def test_a_command_waiting_for_its_compensation_finds_its_step_closed(db: TestDa
     def handle() -> None:
         with psycopg.connect(db.url) as conn:
             delivery = Delivery(command.to_bytes(), "application/json")
-            outcomes.extend(BatchProcessor(service).process(conn, [delivery]))
+            outcomes.extend(DeliveryBatchProcessor(service).process(conn, [delivery]))
 
     handling = threading.Thread(target=handle, name="command")
     with db.connect(autocommit=False) as compensation, compensation.transaction():

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Service
-from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.control import FailureReply
 from saga.messaging.envelope import Envelope
@@ -340,7 +340,7 @@ def test_one_batch_commits_each_delivery_on_its_own_merits(db: TestDatabase) -> 
         Delivery(Envelope.wrap(Ping(key="b")).to_bytes(), JSON),
         Delivery(b"junk", JSON),
     ]
-    processor = BatchProcessor(service)
+    processor = DeliveryBatchProcessor(service)
     with db.connect(autocommit=False) as conn:
         outcomes = processor.process(conn, batch)
         assert outcomes == [
@@ -397,7 +397,7 @@ def test_a_deterministic_failure_is_dead_lettered_at_once(
     _setup(db)
     patient = RetryPolicy(immediate_attempts=3, immediate_initial_wait=0.0, delays=(0.05, 0.05))
     envelope = Envelope.wrap(Deterministic(key=key, fault=fault))
-    processor = BatchProcessor(_deterministic_service(patient))
+    processor = DeliveryBatchProcessor(_deterministic_service(patient))
     with db.connect(autocommit=False) as conn:
         assert processor.process(conn, [Delivery(envelope.to_bytes(), JSON)]) == [
             DeliveryOutcome.DEAD_LETTERED
@@ -415,7 +415,7 @@ def test_a_policy_can_retry_deterministic_failures_too(db: TestDatabase) -> None
         immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.05,), deterministic=()
     )
     envelope = Envelope.wrap(Deterministic(key="no-reply-to", fault="reply"))
-    processor = BatchProcessor(_deterministic_service(stubborn))
+    processor = DeliveryBatchProcessor(_deterministic_service(stubborn))
     with db.connect(autocommit=False) as conn:
         first = processor.process(conn, [Delivery(envelope.to_bytes(), JSON)])
         again = Delivery(envelope.with_headers(attempt="2").to_bytes(), JSON)
@@ -434,7 +434,7 @@ def test_tries_are_counted_afresh_in_every_test(db: TestDatabase, run: str) -> N
     _setup(db)
     flaky = Envelope.wrap(Flaky(key="counted-per-test", fail_times=1)).to_bytes()
     with db.connect(autocommit=False) as conn:
-        assert BatchProcessor(service).process(conn, [Delivery(flaky, JSON)]) == [
+        assert DeliveryBatchProcessor(service).process(conn, [Delivery(flaky, JSON)]) == [
             DeliveryOutcome.HANDLED
         ]
     assert db.rows("SELECT seq FROM effects WHERE kind = 'flaky-done'") == [(2,)]  # 2nd try

@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, Outbox, RetryPolicy, Saga, SagaRegistry, Service, Tx
-from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.errors import ConfigurationError
 from saga.messaging.envelope import Envelope
 from saga.operations.retention import Pruner
@@ -200,7 +200,7 @@ def _reply_waiting(db: TestDatabase, order_id: str) -> list[Delivery]:
     with db.connect(autocommit=False) as conn, conn.transaction():
         shipping.start(conn, Shipment(order_id=order_id, publish_settlement=False))
     with psycopg.connect(db.url) as conn:
-        BatchProcessor(payments).process(conn, _take(db, "payments"))
+        DeliveryBatchProcessor(payments).process(conn, _take(db, "payments"))
     return _take(db, "shipping")
 
 
@@ -222,7 +222,9 @@ def test_in_one_batch_the_reply_begins_the_wait_and_the_event_behind_it_ends_it(
     db.execute(EFFECTS_DDL)
     (reply,) = _reply_waiting(db, "b1")
     with psycopg.connect(db.url) as conn:
-        outcomes = BatchProcessor(registry.as_service()).process(conn, [reply, _settlement("b1")])
+        outcomes = DeliveryBatchProcessor(registry.as_service()).process(
+            conn, [reply, _settlement("b1")]
+        )
     assert outcomes == [DeliveryOutcome.HANDLED, DeliveryOutcome.HANDLED]
     assert _status(db, "b1") == ("completed", None)
     assert db.scalar("SELECT count(*) FROM saga.early_events WHERE correlation_key = 'b1'") == 0
@@ -247,10 +249,10 @@ def test_a_wait_and_its_event_committing_at_once_never_miss_each_other(
 
     def handle_second() -> None:
         with psycopg.connect(db.url) as conn:
-            outcomes.extend(BatchProcessor(service).process(conn, [second]))
+            outcomes.extend(DeliveryBatchProcessor(service).process(conn, [second]))
 
     with db.connect(autocommit=False) as holding, holding.transaction():
-        BatchProcessor(service).process(holding, [first])  # done, not committed
+        DeliveryBatchProcessor(service).process(holding, [first])  # done, not committed
         thread = threading.Thread(target=handle_second)
         thread.start()
         wait_until(

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.messaging.envelope import Envelope
 from saga.operations.resume import SagaResumer, StuckFilter
 from tests.support import sagas as trips
@@ -38,7 +38,7 @@ def _take_outbox(db: TestDatabase) -> list[tuple[Any, ...]]:
 
 def _process(db: TestDatabase, deliveries: list[Delivery]) -> list[DeliveryOutcome]:
     with psycopg.connect(db.url) as conn:
-        return BatchProcessor(service).process(conn, deliveries)
+        return DeliveryBatchProcessor(service).process(conn, deliveries)
 
 
 def test_a_duplicate_is_answered_again_with_the_replies_sent_the_first_time(
@@ -77,7 +77,7 @@ def test_a_saga_whose_reply_was_lost_finishes_when_resumed(db: TestDatabase) -> 
     db.execute(EFFECTS_DDL)
     with db.connect(autocommit=False) as conn, conn.transaction():
         trips.trip.start(conn, trips.TripData(trip_id="lost-reply"))
-    bank = BatchProcessor(trips.bank)
+    bank = DeliveryBatchProcessor(trips.bank)
     (command,) = _take_outbox(db)
     assert command[1] == "bank"
     with psycopg.connect(db.url) as conn:

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from kombu import Connection
 
-from saga.consumers import BatchProcessor, Delivery, DeliveryOutcome
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.consumers.stuck_sweep import StuckSweep
 from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
@@ -133,7 +133,7 @@ def test_two_sweeps_of_the_same_stall_write_one_resume_the_inbox_takes_once(
     first, second = _resumes(db)
     assert first == second  # the same message for the same stall
     bodies = [bytes(row[0]) for row in db.rows("DELETE FROM saga.outbox RETURNING body")]
-    home = BatchProcessor(trips.registry.as_service())
+    home = DeliveryBatchProcessor(trips.registry.as_service())
     with psycopg.connect(db.url) as conn:
         outcomes = home.process(conn, [Delivery(body, JSON) for body in bodies])
     assert outcomes == [DeliveryOutcome.HANDLED, DeliveryOutcome.DUPLICATE]

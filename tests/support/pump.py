@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from saga import Service
-from saga.consumers import BatchProcessor, Delivery
+from saga.consumers import Delivery, DeliveryBatchProcessor
 from saga.effects.side_effects import SideEffects
 from saga.messaging.envelope import Envelope
 
@@ -28,7 +28,7 @@ class Pump:
     def run(self, max_rounds: int = 100) -> int:
         """Deliver until every outbox is empty of ready rows; return messages delivered."""
         processors = {  # one side-effect guard (a connection pool) per service, for the run
-            name: BatchProcessor(service, effects=SideEffects(url))
+            name: DeliveryBatchProcessor(service, effects=SideEffects(url))
             for name, (url, service) in self.services.items()
         }
         try:
@@ -44,7 +44,7 @@ class Pump:
                 assert processor.effects is not None
                 processor.effects.close()
 
-    def _round(self, processors: dict[str, BatchProcessor]) -> int:
+    def _round(self, processors: dict[str, DeliveryBatchProcessor]) -> int:
         pending: list[tuple[str, bytes]] = []
         for url, _ in self.services.values():
             with psycopg.connect(url) as conn:

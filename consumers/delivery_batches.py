@@ -142,7 +142,7 @@ class _Staged:
         self.closed, self.fresh = set(closed), set(fresh)
 
 
-class BatchProcessor:
+class DeliveryBatchProcessor:
     """Applies deliveries for one service on a connection the caller owns."""
 
     def __init__(
