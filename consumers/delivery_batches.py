@@ -56,7 +56,7 @@ from saga.errors import (
     StepFailed,
 )
 from saga.faults import fault_point
-from saga.handlers.batching import BatchScope
+from saga.handlers.batching import StagedWrites
 from saga.handlers.closed_steps import ClosedSteps
 from saga.handlers.context import HandlerContext
 from saga.handlers.service import Service
@@ -166,7 +166,7 @@ class DeliveryBatchProcessor:
         self.effects = effects
         self._staged = _Staged()
         #: the service's staged writes for this batch, when it writes batches at once
-        self._scope: BatchScope | None = None
+        self._scope: StagedWrites | None = None
         self._in_batch = False
         self.batch_lock_timeout_ms = batch_lock_timeout_ms
         self.outbox = outbox or Outbox(schema)
@@ -359,7 +359,7 @@ class DeliveryBatchProcessor:
 
     def _open_scope(
         self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
-    ) -> BatchScope | None:
+    ) -> StagedWrites | None:
         """The service's batch scope, for a batch of several new deliveries (else None)."""
         writing = self.service.batch_writing
         if writing is None:

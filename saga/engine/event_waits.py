@@ -24,8 +24,8 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
 from saga.db.sql import Tx, render
-from saga.engine.batch import SagaBatch
 from saga.engine.definition import Saga, WaitStep
+from saga.engine.staged_writes import StagedSagaWrites
 from saga.engine.staleness import awaits_event
 from saga.engine.state import SagaRecord
 from saga.messaging.control import Signal
@@ -33,10 +33,10 @@ from saga.messaging.envelope import Envelope
 from saga.observability.metrics import Metrics
 
 #: The orchestrator's: a saga's record (from the batch's read when there is one) ...
-ReadRecord = Callable[[Tx, UUID, SagaBatch | None], SagaRecord | None]
+ReadRecord = Callable[[Tx, UUID, StagedSagaWrites | None], SagaRecord | None]
 #: ... the definition it runs under, and how a signal is applied to it (or refused).
 DefinitionOf = Callable[[SagaRecord], Saga[Any]]
-ApplySignal = Callable[[Tx, SagaRecord, Signal, str, Metrics | None, SagaBatch | None], None]
+ApplySignal = Callable[[Tx, SagaRecord, Signal, str, Metrics | None, StagedSagaWrites | None], None]
 
 _LOCK = """
 SELECT pg_advisory_xact_lock(hashtextextended('saga event ' || %s || ' ' || k, 0))
@@ -125,7 +125,7 @@ class EventDelivery:
         envelope: Envelope,
         steps: Sequence[WaitStep],
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         """End the wait of every saga waiting for ``event`` under a key it carries
         (``steps``: the wait steps for its type); keep it under the keys nobody waited for."""
@@ -151,7 +151,7 @@ class EventDelivery:
         record: SagaRecord,
         wait: tuple[str, str],
         metrics: Metrics | None,
-        batch: SagaBatch | None,
+        batch: StagedSagaWrites | None,
     ) -> None:
         """The saga began to wait for ``wait`` (event type, key): an event that came before
         ends the wait at once."""

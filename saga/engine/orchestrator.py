@@ -19,10 +19,10 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel, ValidationError
 
-from saga.engine.batch import SagaBatch
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.event_waits import EventDelivery, EventWaits
 from saga.engine.home import SagaHome
+from saga.engine.staged_writes import StagedSagaWrites
 from saga.engine.staleness import (
     awaits,
     awaits_reply,
@@ -154,7 +154,7 @@ class Orchestrator:
         tx: psycopg.Connection[Any],
         request: StartSaga,
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         """Run the first steps of a saga recorded by :meth:`start_async`."""
         record = self._load(tx, request.saga_id, batch)
@@ -172,7 +172,7 @@ class Orchestrator:
         reply: BaseModel,
         envelope: Envelope,
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         record = self._load_for(tx, envelope.saga_id, envelope, batch)
         if not awaits_reply(record, envelope):
@@ -191,7 +191,7 @@ class Orchestrator:
         timer: StepTimer,
         envelope: Envelope,
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         record = self._waiting(tx, timer.saga_id, envelope.message_id, envelope, batch)
         with self._transition(tx, self._definition(record), record, envelope, batch) as run:
@@ -203,7 +203,7 @@ class Orchestrator:
         tx: psycopg.Connection[Any],
         signal: Signal,
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         record = self._load(tx, signal.saga_id, batch)
         self._signalled(tx, record, signal, "signal", metrics, batch)
@@ -214,7 +214,7 @@ class Orchestrator:
         timeout: WaitTimeout,
         envelope: Envelope,
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         record = self._load(tx, timeout.saga_id, batch)
         if not wait_timeout_applies(record, envelope):
@@ -233,7 +233,7 @@ class Orchestrator:
         deadline: StepDeadline,
         envelope: Envelope,
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         record = self._load(tx, deadline.saga_id, batch)
         if not deadline_applies(record, deadline):
@@ -257,7 +257,7 @@ class Orchestrator:
         tx: psycopg.Connection[Any],
         request: ResumeSaga,
         metrics: Metrics | None = None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         record = self._read(tx, request.saga_id, batch)
         if record is None:
@@ -310,13 +310,13 @@ class Orchestrator:
         )
 
     def _read(
-        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: SagaBatch | None
+        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: StagedSagaWrites | None
     ) -> SagaRecord | None:
         """The saga's row: from the batch's read (a copy), or read now."""
         return batch.record(tx, saga_id) if batch is not None else self.store.load(tx, saga_id)
 
     def _load(
-        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: SagaBatch | None
+        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: StagedSagaWrites | None
     ) -> SagaRecord:
         record = self._read(tx, saga_id, batch)
         if record is None:
@@ -329,7 +329,7 @@ class Orchestrator:
         record: SagaRecord,
         step: str,
         reason: str,
-        batch: SagaBatch | None,
+        batch: StagedSagaWrites | None,
     ) -> None:
         """Record, without touching the saga, an event that arrived too late to matter."""
         moment = self.clock()
@@ -350,7 +350,7 @@ class Orchestrator:
         reply: BaseModel,
         envelope: Envelope,
         metrics: Metrics | None,
-        batch: SagaBatch | None,
+        batch: StagedSagaWrites | None,
     ) -> None:
         """A reply the saga no longer waits for: undo a late success, record the rest.
 
@@ -375,7 +375,7 @@ class Orchestrator:
         tx: psycopg.Connection[Any],
         saga_id: UUID | None,
         envelope: Envelope,
-        batch: SagaBatch | None,
+        batch: StagedSagaWrites | None,
     ) -> SagaRecord:
         if saga_id is None:
             raise UnknownSaga(f"{envelope.type} {envelope.message_id} carries no saga_id")
@@ -392,7 +392,7 @@ class Orchestrator:
         saga_id: UUID | None,
         awaited: UUID | None,
         envelope: Envelope,
-        batch: SagaBatch | None,
+        batch: StagedSagaWrites | None,
     ) -> SagaRecord:
         record = self._load_for(tx, saga_id, envelope, batch)
         if not awaits(record, awaited):
@@ -409,7 +409,7 @@ class Orchestrator:
         signal: Signal,
         what: str,
         metrics: Metrics | None,
-        batch: SagaBatch | None,
+        batch: StagedSagaWrites | None,
     ) -> None:
         """Apply ``signal`` (a signal, or a published event as one), or record why not."""
         with self._transition(tx, self._definition(record), record, None, batch) as run:
@@ -433,7 +433,7 @@ class Orchestrator:
         saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> Iterator[Transition]:
         """A transition of ``record`` now; the local steps it runs are undone if it fails."""
         steps = SavepointSteps(tx, self.clock, guarded=batch is None or batch.guarded)
@@ -455,7 +455,7 @@ class Orchestrator:
         tx: psycopg.Connection[Any],
         transition: Transition,
         metrics: Metrics | None,
-        batch: SagaBatch | None = None,
+        batch: StagedSagaWrites | None = None,
     ) -> None:
         """Write (or, in a batch, stage) what ``transition`` decided; count ended sagas."""
         result = transition.result()

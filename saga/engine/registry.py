@@ -17,10 +17,10 @@ import psycopg
 from pydantic import BaseModel, ValidationError
 
 from saga.engine import fingerprints, signals
-from saga.engine.batch import SagaBatch, SagaBatches
 from saga.engine.definition import Saga, WaitStep
 from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
+from saga.engine.staged_writes import SagaBatchWriting, StagedSagaWrites
 from saga.engine.state import Phase, SagaRecord, StepLogEntry
 from saga.errors import ConfigurationError, SignalRejected
 from saga.handlers.retry import RetryPolicy
@@ -353,7 +353,7 @@ class SagaRegistry:
             for event_class, _ in self._events.values():
                 service.add_subscription(event_class, self._on_event)
             service.on_connect(self.check_versions)
-            service.batch_writing = SagaBatches(self.home)
+            service.batch_writing = SagaBatchWriting(self.home)
             service.schema = self.schema
             self._service = service
         return self._service
@@ -392,9 +392,9 @@ class SagaRegistry:
         self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics, _batch(ctx))
 
 
-def _batch(ctx: HandlerContext) -> SagaBatch | None:
+def _batch(ctx: HandlerContext) -> StagedSagaWrites | None:
     """The orchestrator's staged writes for the batch ``ctx`` belongs to, if any."""
-    return ctx.batch if isinstance(ctx.batch, SagaBatch) else None
+    return ctx.batch if isinstance(ctx.batch, StagedSagaWrites) else None
 
 
 def _migrated_entries(

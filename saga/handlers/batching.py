@@ -1,7 +1,7 @@
 """Services that write a whole batch of deliveries at once.
 
 A service may carry :class:`BatchWriting`: for a batch of several deliveries the
-consumer runtime opens one :class:`BatchScope`, hands it to every handler
+consumer runtime opens one :class:`StagedWrites`, hands it to every handler
 (``ctx.batch``), and flushes it once, after the last handler and before the
 commit. Handlers stage their writes in the scope instead of issuing statements,
 so the batch costs a constant number of statements however many deliveries it
@@ -26,7 +26,7 @@ from saga.db.sql import Tx
 from saga.messaging.envelope import Envelope
 
 
-class BatchScope(Protocol):
+class StagedWrites(Protocol):
     """What a service staged for one batch, written by :meth:`flush`."""
 
     #: Whether the delivery being handled has a savepoint of its own (set by the runtime).
@@ -48,4 +48,4 @@ class BatchScope(Protocol):
 class BatchWriting(Protocol):
     """Opens the scope of a batch, given the envelopes it will handle."""
 
-    def open(self, tx: Tx, envelopes: Sequence[Envelope]) -> BatchScope: ...
+    def open(self, tx: Tx, envelopes: Sequence[Envelope]) -> StagedWrites: ...

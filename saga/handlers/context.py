@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from saga.effects.side_effects import SideEffects
 from saga.errors import ConfigurationError
-from saga.handlers.batching import BatchScope
+from saga.handlers.batching import StagedWrites
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
@@ -34,7 +34,7 @@ class HandlerContext:
         service: str,
         metrics: Metrics | None = None,
         effects: SideEffects | None = None,
-        batch: BatchScope | None = None,
+        batch: StagedWrites | None = None,
     ) -> None:
         self.envelope = envelope
         #: The service's staged writes for this batch (services that write batches at once).

@@ -3,7 +3,7 @@
 For a batch of replies (and timers, signals, resumes) the orchestrator reads every
 saga row the batch names in one statement, applies each delivery's transition to
 its own copy of the record (two deliveries for one saga apply in order, the
-second on the first's result), and stages what they decided. :meth:`SagaBatch.flush`
+second on the first's result), and stages what they decided. :meth:`StagedSagaWrites.flush`
 then writes every changed row (each guarded by the version it was read at), every
 step-log entry and every outgoing message in one statement each. A delivery whose
 handler fails stages nothing, so the batch writes only what the committed
@@ -39,7 +39,7 @@ class _Mark:
     metrics: Metrics | None
 
 
-class SagaBatch:
+class StagedSagaWrites:
     """Staged saga changes of one batch, written by :meth:`flush`."""
 
     def __init__(self, home: SagaHome) -> None:
@@ -123,13 +123,13 @@ class SagaBatch:
                 self._metrics.saga_outcomes.labels(name, status).inc()
 
 
-class SagaBatches:
-    """Opens a :class:`SagaBatch` for each batch of the orchestrator's deliveries."""
+class SagaBatchWriting:
+    """Opens a :class:`StagedSagaWrites` for each batch of the orchestrator's deliveries."""
 
     def __init__(self, home: SagaHome) -> None:
         self.home = home
 
-    def open(self, tx: Tx, envelopes: Sequence[Envelope]) -> SagaBatch:
-        batch = SagaBatch(self.home)
+    def open(self, tx: Tx, envelopes: Sequence[Envelope]) -> StagedSagaWrites:
+        batch = StagedSagaWrites(self.home)
         batch.read_all(tx, list({e.saga_id for e in envelopes if e.saga_id is not None}))
         return batch
