@@ -23,8 +23,8 @@ import uvicorn
 
 from bench.environment import ScratchDatabase
 from saga.dashboard.app import DashboardConfig, create_app
+from saga.dashboard.databases import Databases, ServiceDatabase
 from saga.dashboard.security import Guard
-from saga.dashboard.sources import Databases, ServiceDatabase
 
 TARGET_MS = 300.0
 

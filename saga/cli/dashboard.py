@@ -54,8 +54,8 @@ def dashboard(
         import uvicorn
 
         from saga.dashboard.app import DashboardConfig, create_app
+        from saga.dashboard.databases import Databases, parse_databases
         from saga.dashboard.security import ENV_TOKEN, Guard
-        from saga.dashboard.sources import Databases, parse_databases
     except ImportError as exc:
         raise ConfigurationError(
             f"the dashboard needs its extra: pip install 'saga-outbox[dashboard]' ({exc})"

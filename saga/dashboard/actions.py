@@ -15,7 +15,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from saga.dashboard.sources import Databases
+from saga.dashboard.databases import Databases
 from saga.db.sql import render
 from saga.engine.orchestrator import request_cancel
 from saga.engine.store import SagaStore

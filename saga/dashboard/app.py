@@ -27,11 +27,11 @@ from starlette.templating import Jinja2Templates
 
 from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard import actions, pages
+from saga.dashboard.databases import STATEMENT_TIMEOUT_S, Databases
 from saga.dashboard.flash import flash, take
 from saga.dashboard.headers import SecurityHeaders
 from saga.dashboard.security import SESSION_COOKIE, Guard
 from saga.dashboard.sessions import LIFETIME_S
-from saga.dashboard.sources import STATEMENT_TIMEOUT_S, Databases
 from saga.engine.store import SagaFilter
 from saga.errors import ActionRefused, DatabaseUnavailable, SagaError
 from saga.messaging.dead_letters import DeadLetterFilter

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from saga.broker.queue_depths import QueueDepth
 from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard import timeline
-from saga.dashboard.sources import Databases
+from saga.dashboard.databases import Databases
 from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary

@@ -90,7 +90,7 @@ import saga.dashboard
 from starlette.testclient import TestClient
 from saga.dashboard.app import DashboardConfig, create_app
 from saga.dashboard.security import Guard
-from saga.dashboard.sources import Databases, ServiceDatabase
+from saga.dashboard.databases import Databases, ServiceDatabase
 
 databases = Databases([ServiceDatabase("orders", "postgresql://127.0.0.1:1/nowhere")])
 with TestClient(create_app(DashboardConfig(databases, Guard(None)))) as client:

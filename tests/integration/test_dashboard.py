@@ -15,8 +15,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from saga.dashboard.app import DashboardConfig, create_app
+from saga.dashboard.databases import Databases, ServiceDatabase
 from saga.dashboard.security import SESSION_COOKIE, Guard
-from saga.dashboard.sources import Databases, ServiceDatabase
 from saga.engine.state import SagaRecord
 from saga.engine.store import SagaStore
 from tests.support.brokers import TestBroker

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from starlette.testclient import TestClient
 
 from saga.dashboard.app import DashboardConfig, create_app
+from saga.dashboard.databases import STATEMENT_TIMEOUT_S, Databases, ServiceDatabase
 from saga.dashboard.security import Guard
-from saga.dashboard.sources import STATEMENT_TIMEOUT_S, Databases, ServiceDatabase
 from saga.db.connections import POOLED_POLLING
 from saga.examples.order_saga.pgbouncer_server import PgBouncerServer
 from tests.support.databases import TestDatabase

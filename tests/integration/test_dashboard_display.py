@@ -17,8 +17,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from saga.dashboard.app import DashboardConfig, create_app
+from saga.dashboard.databases import Databases, ServiceDatabase
 from saga.dashboard.security import Guard
-from saga.dashboard.sources import Databases, ServiceDatabase
 from tests.support.dashboard import TOKEN, dashboard_client, dead_letter
 from tests.support.databases import DatabaseFactory, TestDatabase
 

@@ -12,8 +12,8 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from saga.dashboard.app import DashboardConfig, create_app
+from saga.dashboard.databases import Databases, ServiceDatabase
 from saga.dashboard.security import Guard
-from saga.dashboard.sources import Databases, ServiceDatabase
 from saga.messaging.envelope import Envelope
 from tests.support import sagas as trips
 from tests.support.databases import TestDatabase

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from saga.dashboard.app import local_page
+from saga.dashboard.databases import ServiceDatabase, parse_databases
 from saga.dashboard.security import Guard
 from saga.dashboard.sessions import SessionStore
-from saga.dashboard.sources import ServiceDatabase, parse_databases
 from saga.errors import ActionRefused, ConfigurationError, InvalidIdentifier
 
 
