@@ -10,11 +10,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import saga
 from saga import errors
 from saga.broker.capabilities import Capabilities
 from saga.broker.kinds import KINDS
+from saga.engine.steps import Step
+from saga.engine.steps.kind import StepKind
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -310,3 +313,63 @@ def test_every_package_of_the_library_ships_in_the_wheel() -> None:
         if "__pycache__" not in init.parts and not init.parent.is_symlink()
     }
     assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
+#: The modules of the step-kind seam that are no kind of step (docs/architecture.md).
+STEP_SEAM = ("__init__.py", "kind.py", "options.py")
+STEPS = ROOT / "saga" / "engine" / "steps"
+
+
+def test_every_module_of_the_steps_package_is_one_kind_of_step_drawn_in_the_seam() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    seam = text.split("<!-- step-kind-seam -->")[1].split("<!-- /step-kind-seam -->")[0]
+    for module in STEP_SEAM:
+        assert f"saga/engine/steps/{module}" in seam, module
+    kinds = get_args(Step)
+    homes = {Path(inspect.getfile(kind)): kind for kind in kinds}
+    modules = {path for path in STEPS.glob("*.py") if path.name not in STEP_SEAM}
+    assert set(homes) == modules, "each kind of step is one module, and each is listed in Step"
+    assert len(homes) == len(kinds) == len({kind.kind for kind in kinds})
+    for path, kind in homes.items():
+        assert issubclass(kind, StepKind), kind
+        defined = [
+            node.name
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.ClassDef)
+            and any(getattr(base, "id", None) == "StepKind" for base in node.bases)
+        ]
+        assert defined == [kind.__name__], f"{path.name} defines one kind of step"
+        shown = str(path.relative_to(ROOT))
+        assert shown in seam, f"the step-kind seam does not show {kind.__name__} ({shown})"
+
+
+def _asks_which_kind(node: ast.AST, kinds: set[str]) -> bool:
+    """True for ``isinstance(x, Kind)``, ``case Kind(...)`` and ``x.kind == "..."``."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+        classes = node.args[1] if len(node.args) > 1 else None
+        named = classes.elts if isinstance(classes, ast.Tuple) else [classes]
+        return any(getattr(name, "id", getattr(name, "attr", None)) in kinds for name in named)
+    if isinstance(node, ast.MatchClass):
+        return getattr(node.cls, "id", getattr(node.cls, "attr", None)) in kinds
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        return any(
+            isinstance(side, ast.Attribute) and side.attr == "kind" for side in sides
+        ) and any(
+            isinstance(side, ast.Constant) and side.value in {k.kind for k in get_args(Step)}
+            for side in sides
+        )
+    return False
+
+
+def test_no_module_outside_the_steps_package_tests_which_kind_of_step_it_holds() -> None:
+    kinds = {kind.__name__ for kind in get_args(Step)} | {"StepKind"}
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for _module, path in _modules()
+        if not path.is_relative_to(STEPS)
+        and path.parts[len(ROOT.parts)] in ("saga", "consumers", "outbox_relay")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if _asks_which_kind(node, kinds)
+    ]
+    assert found == []
