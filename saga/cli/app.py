@@ -22,7 +22,7 @@ from saga.cli import (
     subscriptions,
     versions,
 )
-from saga.cli.common import err_console
+from saga.cli.output import err_console
 from saga.cli.text import foreign
 from saga.errors import ConfigurationError, SagaError
 

@@ -7,13 +7,9 @@ from uuid import UUID
 
 import typer
 
-from saga.cli.common import (
-    DatabaseUrlOption,
-    SchemaOption,
-    connect,
-    console,
-    settings_from,
-)
+from saga.cli.options import DatabaseUrlOption, SchemaOption
+from saga.cli.output import console
+from saga.cli.runtime import connect, settings_from
 from saga.engine.orchestrator import request_cancel
 from saga.engine.store import SagaStore
 

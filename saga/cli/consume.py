@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from saga.cli.common import (
+from saga.cli.options import (
     AcceptRedisMessageLossOption,
     BrokerUrlOption,
     DatabaseUrlOption,
@@ -18,8 +18,10 @@ from saga.cli.common import (
     QueuePrefixOption,
     QueueTypeOption,
     SchemaOption,
+)
+from saga.cli.output import err_console
+from saga.cli.runtime import (
     broker_config,
-    err_console,
     serve_metrics,
     settings_from,
     setup_logging,

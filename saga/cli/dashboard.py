@@ -9,14 +9,9 @@ from typing import Annotated
 import typer
 
 from saga.broker.transport import BrokerConfig, Topology
-from saga.cli.common import (
-    BrokerUrlOption,
-    QueuePrefixOption,
-    SchemaOption,
-    console,
-    err_console,
-    settings_from,
-)
+from saga.cli.options import BrokerUrlOption, QueuePrefixOption, SchemaOption
+from saga.cli.output import console, err_console
+from saga.cli.runtime import settings_from
 from saga.cli.text import foreign
 from saga.errors import ConfigurationError
 from saga.settings import ENV_DATABASE_URL

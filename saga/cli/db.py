@@ -8,15 +8,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from saga.cli.common import (
-    DatabaseUrlOption,
-    SchemaOption,
-    connect,
-    console,
-    print_table,
-    settings_from,
-)
 from saga.cli.durations import parse_duration
+from saga.cli.options import DatabaseUrlOption, SchemaOption
+from saga.cli.output import console, print_table
+from saga.cli.runtime import connect, settings_from
 from saga.cli.text import foreign
 from saga.db import schema as migrations
 from saga.operations import roles

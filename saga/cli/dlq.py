@@ -12,17 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from saga.cli.common import (
-    DatabaseUrlOption,
-    JsonOption,
-    SchemaOption,
-    connect,
-    console,
-    iso,
-    print_table,
-    settings_from,
-)
 from saga.cli.durations import parse_duration
+from saga.cli.options import DatabaseUrlOption, JsonOption, SchemaOption
+from saga.cli.output import console, iso, print_table
+from saga.cli.runtime import connect, settings_from
 from saga.cli.text import BLOCK_LIMIT, foreign, foreign_json
 from saga.engine.store import SagaStore
 from saga.errors import DeadLetterNotFound, NotReplayable

@@ -19,3 +19,8 @@ def parse_duration(text: str | None) -> timedelta | None:
     if not match:
         raise typer.BadParameter(f"{text!r} is not a duration: use e.g. 90s, 15m, 1h, 2d, 1w")
     return timedelta(**{_UNITS[match[2]]: float(match[1])})
+
+
+def seconds_of(text: str | None) -> float | None:
+    duration = parse_duration(text)
+    return duration.total_seconds() if duration is not None else None

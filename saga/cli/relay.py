@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from saga.cli.common import (
+from saga.cli.durations import seconds_of
+from saga.cli.options import (
     AcceptRedisMessageLossOption,
     BrokerUrlOption,
     DatabaseUrlOption,
@@ -17,9 +18,10 @@ from saga.cli.common import (
     QueuePrefixOption,
     QueueTypeOption,
     SchemaOption,
+)
+from saga.cli.output import err_console
+from saga.cli.runtime import (
     broker_config,
-    err_console,
-    seconds_of,
     serve_metrics,
     settings_from,
     setup_logging,

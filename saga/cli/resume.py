@@ -10,17 +10,10 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from saga.cli.common import (
-    DatabaseUrlOption,
-    SchemaOption,
-    StuckAfterOption,
-    connect,
-    console,
-    err_console,
-    print_table,
-    settings_from,
-)
 from saga.cli.durations import parse_duration
+from saga.cli.options import DatabaseUrlOption, SchemaOption, StuckAfterOption
+from saga.cli.output import console, err_console, print_table
+from saga.cli.runtime import connect, settings_from
 from saga.cli.text import foreign
 from saga.operations.resume import SagaResumer, StuckFilter
 from saga.settings import Settings

@@ -10,17 +10,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from saga.cli.common import (
-    DatabaseUrlOption,
-    JsonOption,
-    SchemaOption,
-    connect,
-    console,
-    iso,
-    print_table,
-    settings_from,
-)
 from saga.cli.durations import parse_duration
+from saga.cli.options import DatabaseUrlOption, JsonOption, SchemaOption
+from saga.cli.output import console, iso, print_table
+from saga.cli.runtime import connect, settings_from
 from saga.cli.text import foreign
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.store import SagaFilter, SagaStore

@@ -8,14 +8,10 @@ from uuid import UUID
 
 import typer
 
-from saga.cli.common import (
-    DatabaseUrlOption,
-    RegistryOption,
-    connect,
-    console,
-    settings_from,
-)
 from saga.cli.loading import load_registry
+from saga.cli.options import DatabaseUrlOption, RegistryOption
+from saga.cli.output import console
+from saga.cli.runtime import connect, settings_from
 from saga.cli.text import foreign
 from saga.errors import SignalRejected
 

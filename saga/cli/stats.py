@@ -13,19 +13,16 @@ import typer
 from rich.table import Table
 
 from saga.broker.queue_depths import QueueDepth
-from saga.cli.common import (
+from saga.cli.durations import parse_duration
+from saga.cli.options import (
     BrokerUrlOption,
     DatabaseUrlOption,
     JsonOption,
     SchemaOption,
     StuckAfterOption,
-    broker_config,
-    connect,
-    console,
-    print_table,
-    settings_from,
 )
-from saga.cli.durations import parse_duration
+from saga.cli.output import console, print_table
+from saga.cli.runtime import broker_config, connect, settings_from
 from saga.cli.text import foreign
 from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaStatus

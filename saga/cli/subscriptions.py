@@ -16,16 +16,9 @@ from rich.table import Table
 
 from saga.broker.bindings import Binding
 from saga.broker.transport import BrokerConfig
-from saga.cli.common import (
-    BrokerUrlOption,
-    JsonOption,
-    SchemaOption,
-    connect,
-    console,
-    iso,
-    print_table,
-    settings_from,
-)
+from saga.cli.options import BrokerUrlOption, JsonOption, SchemaOption
+from saga.cli.output import console, iso, print_table
+from saga.cli.runtime import connect, settings_from
 from saga.cli.text import foreign
 from saga.messaging.events import EventRecords, Subscription
 from saga.observability.redaction import redact_url

@@ -9,17 +9,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from saga.cli.common import (
-    DatabaseUrlOption,
-    JsonOption,
-    RegistryOption,
-    SchemaOption,
-    connect,
-    console,
-    print_table,
-    settings_from,
-)
 from saga.cli.loading import load_registry
+from saga.cli.options import DatabaseUrlOption, JsonOption, RegistryOption, SchemaOption
+from saga.cli.output import console, print_table
+from saga.cli.runtime import connect, settings_from
 from saga.cli.text import foreign
 from saga.engine.registry import MigrationReport
 from saga.engine.store import SagaStore
