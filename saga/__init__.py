@@ -7,7 +7,7 @@ runtime that talks to brokers lives in :mod:`saga.consumers` and :mod:`saga.outb
 
 from importlib.metadata import version as _version
 
-from saga.db.sql import Tx
+from saga.db.sql import AsyncTx, Tx
 from saga.engine.definition import Saga, StepRetry
 from saga.engine.registry import SagaRegistry
 from saga.errors import (
@@ -31,6 +31,7 @@ from saga.messaging.outbox import Outbox, OutgoingMessage
 __version__ = _version("saga-outbox")
 
 __all__ = [
+    "AsyncTx",
     "ConfigurationError",
     "Envelope",
     "FailureReply",

@@ -11,8 +11,13 @@ from psycopg import sql
 
 from saga.errors import InvalidIdentifier
 
-#: The open transaction a step, handler or caller writes on (a psycopg connection).
+#: A connection inside a transaction the caller owns: the callee reads and writes on it
+#: and never commits, rolls back or closes it (a parameter of this type is named ``tx``).
+#: A connection the callee manages itself is a plain ``psycopg.Connection[Any]``, named
+#: ``conn`` (docs/architecture.md, "Connections and transactions").
 Tx = psycopg.Connection[Any]
+#: :data:`Tx` on an asynchronous connection.
+AsyncTx = psycopg.AsyncConnection[Any]
 
 _SQL_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}$")

@@ -15,9 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
+from saga.db.sql import Tx
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +69,11 @@ class VacuumHorizon:
     dead_tuples: dict[str, int] = field(default_factory=dict)
 
 
-def read_vacuum_horizon(conn: psycopg.Connection[Any], schemas: Sequence[str]) -> VacuumHorizon:
-    """The vacuum horizon of ``conn``'s database; dead tuples of the tables in ``schemas``."""
-    row = conn.execute(_OLDEST).fetchone()
+def read_vacuum_horizon(tx: Tx, schemas: Sequence[str]) -> VacuumHorizon:
+    """The vacuum horizon of ``tx``'s database; dead tuples of the tables in ``schemas``."""
+    row = tx.execute(_OLDEST).fetchone()
     oldest = HeldTransaction(*row) if row else None
-    dead = {name: int(n) for name, n in conn.execute(_DEAD_TUPLES, (list(schemas),))}
+    dead = {name: int(n) for name, n in tx.execute(_DEAD_TUPLES, (list(schemas),))}
     return VacuumHorizon(oldest, dead)
 
 

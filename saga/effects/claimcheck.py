@@ -22,9 +22,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 from uuid import UUID
 
-import psycopg
-
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.errors import ClaimNotFound
 from saga.messaging.ids import uuid7
 
@@ -41,15 +39,15 @@ class ClaimStore(Protocol):
 
     def put(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         content: bytes,
         content_type: str,
         expires_in: timedelta | None,
     ) -> UUID: ...
 
-    def get(self, conn: psycopg.Connection[Any], claim_id: UUID) -> tuple[bytes, str]: ...
+    def get(self, tx: Tx, claim_id: UUID) -> tuple[bytes, str]: ...
 
-    def delete(self, conn: psycopg.Connection[Any], claim_id: UUID) -> None: ...
+    def delete(self, tx: Tx, claim_id: UUID) -> None: ...
 
 
 class PostgresClaimStore:
@@ -62,23 +60,23 @@ class PostgresClaimStore:
 
     def put(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         content: bytes,
         content_type: str,
         expires_in: timedelta | None,
     ) -> UUID:
         claim_id = uuid7()
-        conn.execute(self._put, (claim_id, content_type, content, expires_in))
+        tx.execute(self._put, (claim_id, content_type, content, expires_in))
         return claim_id
 
-    def get(self, conn: psycopg.Connection[Any], claim_id: UUID) -> tuple[bytes, str]:
-        row = conn.execute(self._get, (claim_id,)).fetchone()
+    def get(self, tx: Tx, claim_id: UUID) -> tuple[bytes, str]:
+        row = tx.execute(self._get, (claim_id,)).fetchone()
         if row is None:
             raise ClaimNotFound(f"no claim check {claim_id}")
         return bytes(row[0]), str(row[1])
 
-    def delete(self, conn: psycopg.Connection[Any], claim_id: UUID) -> None:
-        conn.execute(self._delete, (claim_id,))
+    def delete(self, tx: Tx, claim_id: UUID) -> None:
+        tx.execute(self._delete, (claim_id,))
 
 
 class ClaimCheck:
@@ -89,23 +87,21 @@ class ClaimCheck:
 
     def put(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         content: bytes,
         content_type: str = "application/octet-stream",
         expires_in: timedelta | None = None,
     ) -> UUID:
-        return self.store.put(conn, content, content_type, expires_in)
+        return self.store.put(tx, content, content_type, expires_in)
 
-    def get(self, conn: psycopg.Connection[Any], claim_id: UUID) -> bytes:
-        return self.store.get(conn, claim_id)[0]
+    def get(self, tx: Tx, claim_id: UUID) -> bytes:
+        return self.store.get(tx, claim_id)[0]
 
-    def put_json(
-        self, conn: psycopg.Connection[Any], value: Any, expires_in: timedelta | None = None
-    ) -> UUID:
-        return self.put(conn, json.dumps(value).encode(), "application/json", expires_in)
+    def put_json(self, tx: Tx, value: Any, expires_in: timedelta | None = None) -> UUID:
+        return self.put(tx, json.dumps(value).encode(), "application/json", expires_in)
 
-    def get_json(self, conn: psycopg.Connection[Any], claim_id: UUID) -> Any:
-        return json.loads(self.get(conn, claim_id))
+    def get_json(self, tx: Tx, claim_id: UUID) -> Any:
+        return json.loads(self.get(tx, claim_id))
 
-    def delete(self, conn: psycopg.Connection[Any], claim_id: UUID) -> None:
-        self.store.delete(conn, claim_id)
+    def delete(self, tx: Tx, claim_id: UUID) -> None:
+        self.store.delete(tx, claim_id)

@@ -23,10 +23,9 @@ from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar, cast
 from uuid import UUID
 
-import psycopg
 from pydantic import BaseModel, ValidationError
 
-from saga.db.sql import Tx, validate_name
+from saga.db.sql import AsyncTx, Tx, validate_name
 from saga.engine.builders import as_builder, message_class
 from saga.engine.saga_data import check_storable
 from saga.engine.steps import LocalStep, ParallelGroup, RemoteStep, Step, WaitStep
@@ -87,12 +86,12 @@ class SagaHost(Protocol):
     routes: dict[type[BaseModel], str]
 
     def start(
-        self, conn: Tx, saga: Saga[Any], data: BaseModel, *, idempotency_key: str | None = None
+        self, tx: Tx, saga: Saga[Any], data: BaseModel, *, idempotency_key: str | None = None
     ) -> UUID: ...
 
     async def start_async(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         saga: Saga[Any],
         data: BaseModel,
         *,
@@ -368,17 +367,15 @@ class Saga(Generic[D]):
             return routes[step.command_type]
         raise ConfigurationError(f"saga {self.name!r}: step {step.name!r} has no route")
 
-    def start(
-        self, conn: psycopg.Connection[Any], data: D, *, idempotency_key: str | None = None
-    ) -> UUID:
+    def start(self, tx: Tx, data: D, *, idempotency_key: str | None = None) -> UUID:
         """Start an instance in the caller's transaction (the saga must be registered)."""
-        return self._home().start(conn, self, data, idempotency_key=idempotency_key)
+        return self._home().start(tx, self, data, idempotency_key=idempotency_key)
 
     async def start_async(
-        self, conn: psycopg.AsyncConnection[Any], data: D, *, idempotency_key: str | None = None
+        self, tx: AsyncTx, data: D, *, idempotency_key: str | None = None
     ) -> UUID:
         """:meth:`start` on an async connection (see ``SagaRegistry.start_async``)."""
-        return await self._home().start_async(conn, self, data, idempotency_key=idempotency_key)
+        return await self._home().start_async(tx, self, data, idempotency_key=idempotency_key)
 
     def _home(self) -> SagaHost:
         """The registry this saga is registered with."""

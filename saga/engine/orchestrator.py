@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from pydantic import BaseModel, ValidationError
 
+from saga.db.sql import AsyncTx, Tx
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.event_waits import EventDelivery, EventWaits
 from saga.engine.home import SagaHome
@@ -86,7 +86,7 @@ class Orchestrator:
 
     def start(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         saga: Saga[Any],
         data: BaseModel,
         idempotency_key: str | None = None,
@@ -125,7 +125,7 @@ class Orchestrator:
 
     async def start_async(
         self,
-        tx: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         saga: Saga[Any],
         data: BaseModel,
         idempotency_key: str | None = None,
@@ -151,7 +151,7 @@ class Orchestrator:
 
     def on_start(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         request: StartSaga,
         metrics: Metrics | None = None,
         batch: StagedSagaWrites | None = None,
@@ -168,7 +168,7 @@ class Orchestrator:
 
     def on_reply(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         reply: BaseModel,
         envelope: Envelope,
         metrics: Metrics | None = None,
@@ -187,7 +187,7 @@ class Orchestrator:
 
     def on_timer(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         timer: StepTimer,
         envelope: Envelope,
         metrics: Metrics | None = None,
@@ -200,7 +200,7 @@ class Orchestrator:
 
     def on_signal(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         signal: Signal,
         metrics: Metrics | None = None,
         batch: StagedSagaWrites | None = None,
@@ -210,7 +210,7 @@ class Orchestrator:
 
     def on_wait_timeout(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         timeout: WaitTimeout,
         envelope: Envelope,
         metrics: Metrics | None = None,
@@ -229,7 +229,7 @@ class Orchestrator:
 
     def on_deadline(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         deadline: StepDeadline,
         envelope: Envelope,
         metrics: Metrics | None = None,
@@ -243,18 +243,16 @@ class Orchestrator:
             run.on_deadline(deadline)
             self._apply(tx, run, metrics, batch)
 
-    def cancel(self, tx: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
+    def cancel(self, tx: Tx, saga_id: UUID, reason: str) -> None:
         request_cancel(self.store, tx, saga_id, reason)
 
-    async def cancel_async(
-        self, tx: psycopg.AsyncConnection[Any], saga_id: UUID, reason: str
-    ) -> None:
+    async def cancel_async(self, tx: AsyncTx, saga_id: UUID, reason: str) -> None:
         if not await self.async_store.request_cancel(tx, saga_id, reason):
             raise _cancel_refused(saga_id, await self.async_store.load(tx, saga_id))
 
     def on_resume(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         request: ResumeSaga,
         metrics: Metrics | None = None,
         batch: StagedSagaWrites | None = None,
@@ -309,15 +307,11 @@ class Orchestrator:
             pending_message_id=pending,
         )
 
-    def _read(
-        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: StagedSagaWrites | None
-    ) -> SagaRecord | None:
+    def _read(self, tx: Tx, saga_id: UUID, batch: StagedSagaWrites | None) -> SagaRecord | None:
         """The saga's row: from the batch's read (a copy), or read now."""
         return batch.record(tx, saga_id) if batch is not None else self.store.load(tx, saga_id)
 
-    def _load(
-        self, tx: psycopg.Connection[Any], saga_id: UUID, batch: StagedSagaWrites | None
-    ) -> SagaRecord:
+    def _load(self, tx: Tx, saga_id: UUID, batch: StagedSagaWrites | None) -> SagaRecord:
         record = self._read(tx, saga_id, batch)
         if record is None:
             raise UnknownSaga(f"no saga {saga_id}")
@@ -325,7 +319,7 @@ class Orchestrator:
 
     def _ignored(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         record: SagaRecord,
         step: str,
         reason: str,
@@ -345,7 +339,7 @@ class Orchestrator:
 
     def _late_reply(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         record: SagaRecord,
         reply: BaseModel,
         envelope: Envelope,
@@ -372,7 +366,7 @@ class Orchestrator:
 
     def _load_for(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         saga_id: UUID | None,
         envelope: Envelope,
         batch: StagedSagaWrites | None,
@@ -388,7 +382,7 @@ class Orchestrator:
 
     def _waiting(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         saga_id: UUID | None,
         awaited: UUID | None,
         envelope: Envelope,
@@ -404,7 +398,7 @@ class Orchestrator:
 
     def _signalled(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         record: SagaRecord,
         signal: Signal,
         what: str,
@@ -429,7 +423,7 @@ class Orchestrator:
     @contextmanager
     def _transition(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         saga: Saga[Any],
         record: SagaRecord,
         cause: Envelope | None,
@@ -452,7 +446,7 @@ class Orchestrator:
 
     def _apply(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         transition: Transition,
         metrics: Metrics | None,
         batch: StagedSagaWrites | None = None,
@@ -490,7 +484,7 @@ class SavepointSteps:
 
     def __init__(
         self,
-        tx: psycopg.Connection[Any],
+        tx: Tx,
         clock: Callable[[], datetime] = now,
         *,
         guarded: bool = True,
@@ -532,9 +526,7 @@ class SavepointSteps:
             self.tx.execute("ROLLBACK TO SAVEPOINT saga_transition", prepare=False)
 
 
-def request_cancel(
-    store: SagaStore, tx: psycopg.Connection[Any], saga_id: UUID, reason: str
-) -> None:
+def request_cancel(store: SagaStore, tx: Tx, saga_id: UUID, reason: str) -> None:
     """Ask a running saga to compensate once its pending step answers.
 
     Refused (:class:`NotCancellable`) for a finished saga or one that reached

@@ -16,6 +16,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel, ValidationError
 
+from saga.db.sql import AsyncTx, Tx
 from saga.engine import fingerprints, signals
 from saga.engine.definition import Saga, WaitStep
 from saga.engine.home import SagaHome
@@ -159,7 +160,7 @@ class SagaRegistry:
 
     def start(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         saga: Saga[Any] | str,
         data: BaseModel,
         *,
@@ -167,12 +168,12 @@ class SagaRegistry:
     ) -> UUID:
         """Start a saga in the caller's transaction; the same key twice gives the same id
         (with other data, :class:`~saga.errors.IdempotencyKeyReused`)."""
-        saga_id: UUID = self.orchestrator.start(conn, self._own(saga), data, idempotency_key)
+        saga_id: UUID = self.orchestrator.start(tx, self._own(saga), data, idempotency_key)
         return saga_id
 
     async def start_async(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         saga: Saga[Any] | str,
         data: BaseModel,
         *,
@@ -184,7 +185,7 @@ class SagaRegistry:
         the first steps (local ones included) when it handles that message.
         """
         definition = self._own(saga)
-        return await self.orchestrator.start_async(conn, definition, data, idempotency_key)
+        return await self.orchestrator.start_async(tx, definition, data, idempotency_key)
 
     def _own(self, saga: Saga[Any] | str) -> Saga[Any]:
         definition = self.definition(saga) if isinstance(saga, str) else saga
@@ -194,7 +195,7 @@ class SagaRegistry:
 
     def signal(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         saga_id: UUID,
         event: str,
         data: BaseModel | dict[str, Any],
@@ -204,22 +205,22 @@ class SagaRegistry:
         Raises :class:`~saga.errors.SignalRejected` (nothing written) for an unknown
         saga, one not waiting for ``event``, or data its wait step does not accept.
         """
-        record = self.orchestrator.store.load(conn, saga_id)
+        record = self.orchestrator.store.load(tx, saga_id)
         return signals.queue_signal(
-            conn, self.outbox, *self._signal_payload(record, saga_id, event, data)
+            tx, self.outbox, *self._signal_payload(record, saga_id, event, data)
         )
 
     async def signal_async(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         saga_id: UUID,
         event: str,
         data: BaseModel | dict[str, Any],
     ) -> UUID:
         """:meth:`signal` on an async connection: the same checks, the same message."""
-        record = await self.orchestrator.async_store.load(conn, saga_id)
+        record = await self.orchestrator.async_store.load(tx, saga_id)
         message = signals.signal_message(*self._signal_payload(record, saga_id, event, data))
-        await self.outbox.add_many_async(conn, [message])
+        await self.outbox.add_many_async(tx, [message])
         return message.envelope.message_id
 
     def _signal_payload(
@@ -243,10 +244,10 @@ class SagaRegistry:
             raise SignalRejected(f"invalid {event!r} data for saga {saga_id}: {exc}") from None
         return record, event, payload.model_dump(mode="json")
 
-    def check_versions(self, conn: psycopg.Connection[Any]) -> None:
+    def check_versions(self, tx: Tx) -> None:
         """Refuse to run without the definitions that unfinished sagas still need: every
         version they run on registered, as it was when they started (its recorded shape)."""
-        unfinished = self.orchestrator.store.unfinished_by_version(conn, list(self._sagas))
+        unfinished = self.orchestrator.store.unfinished_by_version(tx, list(self._sagas))
         problems = [
             f"saga {name!r} version {version} has {count} unfinished saga(s) but is not "
             "registered; keep that version registered until they finish, or migrate them "
@@ -255,16 +256,14 @@ class SagaRegistry:
             if version not in self._sagas[name]
         ]
         running = {(name, version): count for name, version, count in unfinished}
-        problems += self._changed_definitions(conn, running)
+        problems += self._changed_definitions(tx, running)
         if problems:
             raise ConfigurationError("; ".join(problems))
 
-    def _changed_definitions(
-        self, conn: psycopg.Connection[Any], running: dict[tuple[str, int], int]
-    ) -> list[str]:
+    def _changed_definitions(self, tx: Tx, running: dict[tuple[str, int], int]) -> list[str]:
         """Record each version's shape; what changed under a version with unfinished sagas."""
         store = self.orchestrator.store
-        recorded = store.recorded_definitions(conn, list(self._sagas))
+        recorded = store.recorded_definitions(tx, list(self._sagas))
         problems = []
         for saga in self.sagas:
             steps = fingerprints.shape(saga)
@@ -281,7 +280,7 @@ class SagaRegistry:
                 )
             elif before != steps:
                 store.record_definition(
-                    conn, saga.name, saga.version, fingerprints.fingerprint(steps), steps
+                    tx, saga.name, saga.version, fingerprints.fingerprint(steps), steps
                 )
         return problems
 
@@ -331,15 +330,13 @@ class SagaRegistry:
                     break
         return MigrationReport(moved, stayed)
 
-    def cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> None:
+    def cancel(self, tx: Tx, saga_id: UUID, reason: str) -> None:
         """Ask a running saga to compensate from where it is (in the caller's transaction)."""
-        self.orchestrator.cancel(conn, saga_id, reason)
+        self.orchestrator.cancel(tx, saga_id, reason)
 
-    async def cancel_async(
-        self, conn: psycopg.AsyncConnection[Any], saga_id: UUID, reason: str
-    ) -> None:
+    async def cancel_async(self, tx: AsyncTx, saga_id: UUID, reason: str) -> None:
         """:meth:`cancel` on an async connection."""
-        await self.orchestrator.cancel_async(conn, saga_id, reason)
+        await self.orchestrator.cancel_async(tx, saga_id, reason)
 
     # -- the consumer ----------------------------------------------------------
 
@@ -358,37 +355,29 @@ class SagaRegistry:
             self._service = service
         return self._service
 
-    def _on_reply(self, tx: psycopg.Connection[Any], reply: BaseModel, ctx: HandlerContext) -> None:
+    def _on_reply(self, tx: Tx, reply: BaseModel, ctx: HandlerContext) -> None:
         self.orchestrator.on_reply(tx, reply, ctx.envelope, ctx.metrics, _batch(ctx))
 
-    def _on_timer(self, tx: psycopg.Connection[Any], timer: StepTimer, ctx: HandlerContext) -> None:
+    def _on_timer(self, tx: Tx, timer: StepTimer, ctx: HandlerContext) -> None:
         self.orchestrator.on_timer(tx, timer, ctx.envelope, ctx.metrics, _batch(ctx))
 
-    def _on_start(
-        self, tx: psycopg.Connection[Any], request: StartSaga, ctx: HandlerContext
-    ) -> None:
+    def _on_start(self, tx: Tx, request: StartSaga, ctx: HandlerContext) -> None:
         self.orchestrator.on_start(tx, request, ctx.metrics, _batch(ctx))
 
-    def _on_resume(
-        self, tx: psycopg.Connection[Any], request: ResumeSaga, ctx: HandlerContext
-    ) -> None:
+    def _on_resume(self, tx: Tx, request: ResumeSaga, ctx: HandlerContext) -> None:
         self.orchestrator.on_resume(tx, request, ctx.metrics, _batch(ctx))
 
-    def _on_signal(self, tx: psycopg.Connection[Any], signal: Signal, ctx: HandlerContext) -> None:
+    def _on_signal(self, tx: Tx, signal: Signal, ctx: HandlerContext) -> None:
         self.orchestrator.on_signal(tx, signal, ctx.metrics, _batch(ctx))
 
-    def _on_event(self, tx: psycopg.Connection[Any], event: BaseModel, ctx: HandlerContext) -> None:
+    def _on_event(self, tx: Tx, event: BaseModel, ctx: HandlerContext) -> None:
         waits = self._events[ctx.envelope.type][1]
         self.orchestrator.events.on_event(tx, event, ctx.envelope, waits, ctx.metrics, _batch(ctx))
 
-    def _on_wait_timeout(
-        self, tx: psycopg.Connection[Any], timeout: WaitTimeout, ctx: HandlerContext
-    ) -> None:
+    def _on_wait_timeout(self, tx: Tx, timeout: WaitTimeout, ctx: HandlerContext) -> None:
         self.orchestrator.on_wait_timeout(tx, timeout, ctx.envelope, ctx.metrics, _batch(ctx))
 
-    def _on_deadline(
-        self, tx: psycopg.Connection[Any], deadline: StepDeadline, ctx: HandlerContext
-    ) -> None:
+    def _on_deadline(self, tx: Tx, deadline: StepDeadline, ctx: HandlerContext) -> None:
         self.orchestrator.on_deadline(tx, deadline, ctx.envelope, ctx.metrics, _batch(ctx))
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-import psycopg
-
+from saga.db.sql import Tx
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.errors import SignalRejected
 from saga.messaging.control import Signal
@@ -42,7 +41,7 @@ def signal_message(record: SagaRecord, event: str, data: dict[str, Any]) -> Outg
 
 
 def queue_signal(
-    conn: psycopg.Connection[Any],
+    tx: Tx,
     outbox: Outbox,
     record: SagaRecord,
     event: str,
@@ -50,5 +49,5 @@ def queue_signal(
 ) -> UUID:
     """Send the signal to the saga's home service in the caller's transaction."""
     message = signal_message(record, event, data)
-    outbox.add_many(conn, [message])
+    outbox.add_many(tx, [message])
     return message.envelope.message_id

@@ -8,11 +8,10 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from saga.db.sql import render
+from saga.db.sql import AsyncTx, Tx, render
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
 from saga.errors import ConcurrentUpdate
 
@@ -246,37 +245,31 @@ class SagaStore:
         self._migrate_batch = render(_MIGRATE_BATCH, schema)
         self._list = render(LIST_SAGAS, schema)
 
-    def insert(
-        self, conn: psycopg.Connection[Any], record: SagaRecord, fingerprint: str | None = None
-    ) -> bool:
+    def insert(self, tx: Tx, record: SagaRecord, fingerprint: str | None = None) -> bool:
         """Insert a new saga; False (nothing written) if its idempotency key is taken.
 
         ``fingerprint`` (of the data it started with) is kept with the key.
         """
         params = _insert_params(record, fingerprint)
-        return conn.execute(self._insert, params, prepare=True).rowcount == 1
+        return tx.execute(self._insert, params, prepare=True).rowcount == 1
 
-    def find_by_key(
-        self, conn: psycopg.Connection[Any], name: str, key: str
-    ) -> tuple[UUID, str | None] | None:
+    def find_by_key(self, tx: Tx, name: str, key: str) -> tuple[UUID, str | None] | None:
         """The saga started under ``key`` and the fingerprint of the data it started with."""
-        row = conn.execute(self._by_key, (name, key)).fetchone()
+        row = tx.execute(self._by_key, (name, key)).fetchone()
         return (row[0], row[1]) if row else None
 
-    def load(self, conn: psycopg.Connection[Any], saga_id: UUID) -> SagaRecord | None:
-        cur = conn.cursor(row_factory=dict_row)
+    def load(self, tx: Tx, saga_id: UUID) -> SagaRecord | None:
+        cur = tx.cursor(row_factory=dict_row)
         row = cur.execute(self._load, (saga_id,), prepare=True).fetchone()
         return None if row is None else _record(row)
 
-    def load_many(
-        self, conn: psycopg.Connection[Any], saga_ids: Sequence[UUID]
-    ) -> dict[UUID, SagaRecord]:
+    def load_many(self, tx: Tx, saga_ids: Sequence[UUID]) -> dict[UUID, SagaRecord]:
         """The sagas among ``saga_ids`` that exist, by id, in one statement."""
-        cur = conn.cursor(row_factory=dict_row)
+        cur = tx.cursor(row_factory=dict_row)
         rows = cur.execute(self._load_many, (list(saga_ids),), prepare=True).fetchall()
         return {row["id"]: _record(row) for row in rows}
 
-    def save_many(self, conn: psycopg.Connection[Any], records: Sequence[SagaRecord]) -> None:
+    def save_many(self, tx: Tx, records: Sequence[SagaRecord]) -> None:
         """Write every record in one statement, each only if unchanged since it was read.
 
         Raises :class:`ConcurrentUpdate` naming the sagas that changed meanwhile (then
@@ -285,60 +278,56 @@ class SagaStore:
         if not records:
             return
         rows = [_row_document(record) for record in records]
-        saved = {row[0] for row in conn.execute(self._update_many, (Jsonb(rows),), prepare=True)}
+        saved = {row[0] for row in tx.execute(self._update_many, (Jsonb(rows),), prepare=True)}
         changed = [str(record.id) for record in records if record.id not in saved]
         if changed:
             raise ConcurrentUpdate(f"sagas changed meanwhile: {', '.join(changed)}")
         for record in records:
             record.version += 1
 
-    def save(self, conn: psycopg.Connection[Any], record: SagaRecord) -> None:
+    def save(self, tx: Tx, record: SagaRecord) -> None:
         """Write ``record`` if nobody changed it since it was read; bump its version."""
         params = (*_state_params(record), record.id, record.version)
-        cur = conn.execute(self._update, params, prepare=True)
+        cur = tx.execute(self._update, params, prepare=True)
         if cur.fetchone() is None:
             raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
         record.version += 1
 
-    def request_cancel(self, conn: psycopg.Connection[Any], saga_id: UUID, reason: str) -> bool:
+    def request_cancel(self, tx: Tx, saga_id: UUID, reason: str) -> bool:
         """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""
-        cur = conn.execute(self._request_cancel, _cancel_params(saga_id, reason))
+        cur = tx.execute(self._request_cancel, _cancel_params(saga_id, reason))
         return cur.rowcount == 1
 
-    def unfinished_by_version(
-        self, conn: psycopg.Connection[Any], names: list[str]
-    ) -> list[tuple[str, int, int]]:
+    def unfinished_by_version(self, tx: Tx, names: list[str]) -> list[tuple[str, int, int]]:
         """(name, version, unfinished sagas) of the sagas called ``names``, in one query."""
-        return conn.execute(self._unfinished_by_version, (names,)).fetchall()
+        return tx.execute(self._unfinished_by_version, (names,)).fetchall()
 
-    def versions(self, conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    def versions(self, tx: Tx) -> list[tuple[Any, ...]]:
         """(name, version, running, waiting, needing an operator, finished, the recorded
         definition's fingerprint) per version."""
-        return conn.execute(self._versions).fetchall()
+        return tx.execute(self._versions).fetchall()
 
     def recorded_definitions(
-        self, conn: psycopg.Connection[Any], names: list[str]
+        self, tx: Tx, names: list[str]
     ) -> dict[tuple[str, int], list[dict[str, Any]]]:
         """(name, version) -> the recorded shape of each version of the sagas ``names``."""
-        return {(n, v): steps for n, v, steps in conn.execute(self._definitions, (names,))}
+        return {(n, v): steps for n, v, steps in tx.execute(self._definitions, (names,))}
 
     def record_definition(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         name: str,
         version: int,
         fingerprint: str,
         steps: list[dict[str, Any]],
     ) -> None:
         """Record (or replace) the shape of saga ``name`` at ``version``."""
-        conn.execute(self._record_definition, (name, version, fingerprint, Jsonb(steps)))
+        tx.execute(self._record_definition, (name, version, fingerprint, Jsonb(steps)))
 
-    def migration_plan(
-        self, conn: psycopg.Connection[Any], name: str, from_version: int, guard: str
-    ) -> tuple[int, int]:
+    def migration_plan(self, tx: Tx, name: str, from_version: int, guard: str) -> tuple[int, int]:
         """(would move, would stay) among running sagas of ``from_version``."""
         rows = dict(
-            conn.execute(
+            tx.execute(
                 self._migration_plan, {"name": name, "from": from_version, "guard": guard}
             ).fetchall()
         )
@@ -346,7 +335,7 @@ class SagaStore:
 
     def migrate_batch(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         name: str,
         from_version: int,
         to_version: int,
@@ -355,31 +344,29 @@ class SagaStore:
     ) -> list[tuple[UUID, str | None, int]]:
         """Move up to ``limit`` sagas that have not passed ``guard``; each row atomically."""
         params = {"name": name, "from": from_version, "to": to_version, "guard": guard}
-        return conn.execute(self._migrate_batch, {**params, "limit": limit}).fetchall()
+        return tx.execute(self._migrate_batch, {**params, "limit": limit}).fetchall()
 
-    def log(self, conn: psycopg.Connection[Any], entries: Sequence[StepLogEntry]) -> None:
+    def log(self, tx: Tx, entries: Sequence[StepLogEntry]) -> None:
         """Append ``entries`` to the step log in one statement."""
         if len(entries) == 1:  # the usual case: a plain prepared insert is cheapest
             e = entries[0]
             params = (e.saga_id, e.step, e.phase.value, e.attempt, e.outcome, e.started_at,
                       e.finished_at, e.error, e.message_id)  # fmt: skip
-            conn.execute(self._log, params, prepare=True)
+            tx.execute(self._log, params, prepare=True)
         elif entries:
-            conn.execute(self._log_many, (Jsonb([_log_document(e) for e in entries]),))
+            tx.execute(self._log_many, (Jsonb([_log_document(e) for e in entries]),))
 
-    def statuses(
-        self, conn: psycopg.Connection[Any], saga_ids: Sequence[UUID]
-    ) -> dict[UUID, tuple[str, str | None]]:
+    def statuses(self, tx: Tx, saga_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str | None]]:
         """(status, step) of each of ``saga_ids`` found here."""
-        rows = conn.execute(self._statuses, (list(saga_ids),)).fetchall()
+        rows = tx.execute(self._statuses, (list(saga_ids),)).fetchall()
         return {row[0]: (row[1], row[2]) for row in rows}
 
-    def timeline(self, conn: psycopg.Connection[Any], saga_id: UUID) -> list[tuple[Any, ...]]:
-        return conn.execute(self._timeline, (saga_id,)).fetchall()
+    def timeline(self, tx: Tx, saga_id: UUID) -> list[tuple[Any, ...]]:
+        return tx.execute(self._timeline, (saga_id,)).fetchall()
 
-    def list(self, conn: psycopg.Connection[Any], where: SagaFilter) -> list[SagaSummary]:
+    def list(self, tx: Tx, where: SagaFilter) -> list[SagaSummary]:
         """The sagas ``where`` selects, newest first."""
-        rows = conn.execute(self._list, list_parameters(where)).fetchall()
+        rows = tx.execute(self._list, list_parameters(where)).fetchall()
         return [SagaSummary(*row) for row in rows]
 
 
@@ -395,32 +382,28 @@ class AsyncSagaStore:
 
     async def insert(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         record: SagaRecord,
         fingerprint: str | None = None,
     ) -> bool:
         """See :meth:`SagaStore.insert`."""
         params = _insert_params(record, fingerprint)
-        cur = await conn.execute(self.store._insert, params, prepare=True)
+        cur = await tx.execute(self.store._insert, params, prepare=True)
         return cur.rowcount == 1
 
-    async def find_by_key(
-        self, conn: psycopg.AsyncConnection[Any], name: str, key: str
-    ) -> tuple[UUID, str | None] | None:
+    async def find_by_key(self, tx: AsyncTx, name: str, key: str) -> tuple[UUID, str | None] | None:
         """See :meth:`SagaStore.find_by_key`."""
-        row = await (await conn.execute(self.store._by_key, (name, key))).fetchone()
+        row = await (await tx.execute(self.store._by_key, (name, key))).fetchone()
         return (row[0], row[1]) if row else None
 
-    async def load(self, conn: psycopg.AsyncConnection[Any], saga_id: UUID) -> SagaRecord | None:
-        cur = conn.cursor(row_factory=dict_row)
+    async def load(self, tx: AsyncTx, saga_id: UUID) -> SagaRecord | None:
+        cur = tx.cursor(row_factory=dict_row)
         row = await (await cur.execute(self.store._load, (saga_id,), prepare=True)).fetchone()
         return None if row is None else _record(row)
 
-    async def request_cancel(
-        self, conn: psycopg.AsyncConnection[Any], saga_id: UUID, reason: str
-    ) -> bool:
+    async def request_cancel(self, tx: AsyncTx, saga_id: UUID, reason: str) -> bool:
         """See :meth:`SagaStore.request_cancel`."""
-        cur = await conn.execute(self.store._request_cancel, _cancel_params(saga_id, reason))
+        cur = await tx.execute(self.store._request_cancel, _cancel_params(saga_id, reason))
         return cur.rowcount == 1
 
 

@@ -16,11 +16,8 @@ statement (:mod:`saga.consumers.inbox`, the schema's ``closed_steps_locked`` fun
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-import psycopg
-
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 
 #: Seed of the advisory-lock hash: keeps step-key locks apart from other advisory locks.
 LOCK_SEED = 0x5A6A_C105
@@ -42,10 +39,10 @@ class ClosedSteps:
         self._find = render(_FIND, schema)
         self._close = render(_CLOSE, schema)
 
-    def find(self, conn: psycopg.Connection[Any], keys: list[str]) -> dict[str, datetime]:
+    def find(self, tx: Tx, keys: list[str]) -> dict[str, datetime]:
         """Of ``keys``, the closed ones, with when each was closed."""
-        return dict(conn.execute(self._find, (keys,), prepare=True).fetchall())
+        return dict(tx.execute(self._find, (keys,), prepare=True).fetchall())
 
-    def close(self, conn: psycopg.Connection[Any], consumer: str, key: str) -> None:
+    def close(self, tx: Tx, consumer: str, key: str) -> None:
         """Record ``key`` closed, after any open transaction running its command."""
-        conn.execute(self._close, {"key": key, "seed": LOCK_SEED, "consumer": consumer})
+        tx.execute(self._close, {"key": key, "seed": LOCK_SEED, "consumer": consumer})

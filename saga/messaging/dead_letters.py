@@ -12,10 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg.types.json import Jsonb
 
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 
 _DEAD_LETTER = """
 INSERT INTO {schema}.dead_letters
@@ -173,9 +172,9 @@ class DeadLetterStore:
         self._record_replay = render(_RECORD_REPLAY, schema)
         self._purge = render(_PURGE, schema)
 
-    def add(self, conn: psycopg.Connection[Any], letter: DeadLetter) -> int:
+    def add(self, tx: Tx, letter: DeadLetter) -> int:
         """Record ``letter`` in the caller's transaction; return its id."""
-        row = conn.execute(
+        row = tx.execute(
             self._dead_letter,
             (
                 letter.consumer,
@@ -196,8 +195,8 @@ class DeadLetterStore:
         assert row is not None
         return int(row[0])
 
-    def find(self, conn: psycopg.Connection[Any], where: DeadLetterFilter) -> list[DeadLetterRow]:
-        rows = conn.execute(
+    def find(self, tx: Tx, where: DeadLetterFilter) -> list[DeadLetterRow]:
+        rows = tx.execute(
             self._list,
             {
                 "consumer": where.consumer,
@@ -213,42 +212,42 @@ class DeadLetterStore:
         ).fetchall()
         return [_row(list(values)) for values in rows]
 
-    def groups(self, conn: psycopg.Connection[Any]) -> list[DeadLetterGroup]:
+    def groups(self, tx: Tx) -> list[DeadLetterGroup]:
         """Pending letters grouped by consumer, reason and error type, largest group first."""
-        return [DeadLetterGroup(*row) for row in conn.execute(self._groups)]
+        return [DeadLetterGroup(*row) for row in tx.execute(self._groups)]
 
-    def get(self, conn: psycopg.Connection[Any], letter_id: int) -> DeadLetterRow | None:
-        found = self.find(conn, DeadLetterFilter(ids=[letter_id], status=None, limit=1))
+    def get(self, tx: Tx, letter_id: int) -> DeadLetterRow | None:
+        found = self.find(tx, DeadLetterFilter(ids=[letter_id], status=None, limit=1))
         return found[0] if found else None
 
-    def lock(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> dict[int, tuple[str, int]]:
+    def lock(self, tx: Tx, ids: Sequence[int]) -> dict[int, tuple[str, int]]:
         """Lock rows for the rest of the transaction (two replays of one row serialize);
         each row's status and replay count once locked, which another operator may have
         changed since the rows were read."""
-        return {row[0]: (row[1], row[2]) for row in conn.execute(self._lock, (list(ids),))}
+        return {row[0]: (row[1], row[2]) for row in tx.execute(self._lock, (list(ids),))}
 
-    def mark_replayed(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
+    def mark_replayed(self, tx: Tx, ids: Sequence[int]) -> None:
         if ids:
-            conn.execute(self._mark_replayed, (list(ids),))
+            tx.execute(self._mark_replayed, (list(ids),))
 
     def record_replay(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         criteria: dict[str, Any],
         ids: Sequence[int],
         replayed: int,
         refused: int,
         result: str,
     ) -> int:
-        row = conn.execute(
+        row = tx.execute(
             self._record_replay, (Jsonb(criteria), list(ids), replayed, refused, result)
         ).fetchone()
         assert row is not None
         return int(row[0])
 
-    def purge(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> int:
+    def purge(self, tx: Tx, ids: Sequence[int]) -> int:
         """Mark letters purged (``saga db prune`` deletes them after the retention period)."""
-        return conn.execute(self._purge, (list(ids),)).rowcount
+        return tx.execute(self._purge, (list(ids),)).rowcount
 
 
 def _row(values: list[Any]) -> DeadLetterRow:

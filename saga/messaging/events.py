@@ -16,11 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-import psycopg
-
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 
 _RECORD_SUBSCRIPTIONS = """
 INSERT INTO {schema}.subscriptions (consumer, message_type, broker, queue)
@@ -87,7 +84,7 @@ class EventRecords:
 
     def replace_subscriptions(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         consumer: str,
         message_types: Sequence[str],
         broker: str,
@@ -97,19 +94,19 @@ class EventRecords:
         bound to ``message_types`` now, forgetting what it recorded there beyond them (the
         subscriptions its code no longer has); return the event types forgotten."""
         params = (consumer, broker, queue, list(message_types))
-        dropped = sorted(row[0] for row in conn.execute(self._forget_others, params))
+        dropped = sorted(row[0] for row in tx.execute(self._forget_others, params))
         if message_types:
-            conn.execute(self._record, (consumer, list(message_types), broker, queue))
+            tx.execute(self._record, (consumer, list(message_types), broker, queue))
         return dropped
 
-    def subscriptions(self, conn: psycopg.Connection[Any]) -> list[Subscription]:
-        return [Subscription(*row) for row in conn.execute(self._subscriptions)]
+    def subscriptions(self, tx: Tx) -> list[Subscription]:
+        return [Subscription(*row) for row in tx.execute(self._subscriptions)]
 
-    def count_unrouted(self, conn: psycopg.Connection[Any], message_types: Sequence[str]) -> None:
+    def count_unrouted(self, tx: Tx, message_types: Sequence[str]) -> None:
         """Add one unrouted event per item of ``message_types`` (in one statement)."""
         counts = Counter(message_types)
         if counts:
-            conn.execute(self._count_unrouted, (list(counts), list(counts.values())))
+            tx.execute(self._count_unrouted, (list(counts), list(counts.values())))
 
-    def unrouted(self, conn: psycopg.Connection[Any]) -> list[UnroutedEvents]:
-        return [UnroutedEvents(*row) for row in conn.execute(self._unrouted)]
+    def unrouted(self, tx: Tx) -> list[UnroutedEvents]:
+        return [UnroutedEvents(*row) for row in tx.execute(self._unrouted)]

@@ -20,10 +20,9 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from pydantic import BaseModel
 
-from saga.db.sql import render, validate_name, validate_schema
+from saga.db.sql import AsyncTx, Tx, render, validate_name, validate_schema
 from saga.errors import ConfigurationError, MessageTooLarge
 from saga.messaging.envelope import Envelope
 from saga.messaging.leases import Leases, active_leases
@@ -152,7 +151,7 @@ class Outbox:
 
     def add(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         message: BaseModel | Envelope,
         *,
         destination: str,
@@ -167,11 +166,11 @@ class Outbox:
         start) holds the message back until then. Returns the message id.
         On a :class:`psycopg.AsyncConnection`, use :meth:`add_async`.
         """
-        return self._write(conn, message, destination, deliver_after, envelope_fields)
+        return self._write(tx, message, destination, deliver_after, envelope_fields)
 
     async def add_async(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         message: BaseModel | Envelope,
         *,
         destination: str,
@@ -179,11 +178,11 @@ class Outbox:
         **envelope_fields: Any,
     ) -> UUID:
         """:meth:`add` on an :class:`psycopg.AsyncConnection`: the same row, the same rules."""
-        return await self._write_async(conn, message, destination, deliver_after, envelope_fields)
+        return await self._write_async(tx, message, destination, deliver_after, envelope_fields)
 
     def publish(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         event: BaseModel | Envelope,
         *,
         deliver_after: Delay = None,
@@ -197,65 +196,63 @@ class Outbox:
         (``saga stats``) and drops it. On a :class:`psycopg.AsyncConnection`, use
         :meth:`publish_async`.
         """
-        return self._write(conn, event, None, deliver_after, envelope_fields)
+        return self._write(tx, event, None, deliver_after, envelope_fields)
 
     async def publish_async(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         event: BaseModel | Envelope,
         *,
         deliver_after: Delay = None,
         **envelope_fields: Any,
     ) -> UUID:
         """:meth:`publish` on an :class:`psycopg.AsyncConnection`: the same row, the same rules."""
-        return await self._write_async(conn, event, None, deliver_after, envelope_fields)
+        return await self._write_async(tx, event, None, deliver_after, envelope_fields)
 
     def _write(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         message: BaseModel | Envelope,
         destination: str | None,
         deliver_after: Delay,
         envelope_fields: dict[str, Any],
     ) -> UUID:
         outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
-        self.add_many(conn, [outgoing])
+        self.add_many(tx, [outgoing])
         return outgoing.envelope.message_id
 
     async def _write_async(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        tx: AsyncTx,
         message: BaseModel | Envelope,
         destination: str | None,
         deliver_after: Delay,
         envelope_fields: dict[str, Any],
     ) -> UUID:
         outgoing = self._outgoing(message, destination, deliver_after, envelope_fields)
-        await self.add_many_async(conn, [outgoing])
+        await self.add_many_async(tx, [outgoing])
         return outgoing.envelope.message_id
 
-    def add_many(
-        self, conn: psycopg.Connection[Any], messages: Sequence[OutgoingMessage]
-    ) -> list[int]:
+    def add_many(self, tx: Tx, messages: Sequence[OutgoingMessage]) -> list[int]:
         """Insert several messages in one statement (same rules as :meth:`add`); return
         their outbox row ids. While :func:`~saga.messaging.leases.leasing`, the messages
         for now are leased to the writer (and a message held back is written apart)."""
-        return self.insert_rows(conn, self.rows(messages))
+        return self.insert_rows(tx, self.rows(messages))
 
     def rows(self, messages: Sequence[OutgoingMessage]) -> list[OutboxRow]:
         """The outbox rows of ``messages``, checked (destination, size) but not written yet
         (an event's row has no destination)."""
         return [self._params(m) for m in messages]
 
-    def insert_rows(self, conn: psycopg.Connection[Any], rows: Sequence[OutboxRow]) -> list[int]:
+    def insert_rows(self, tx: Tx, rows: Sequence[OutboxRow]) -> list[int]:
         """Insert rows made by :meth:`rows`; return their ids."""
         leases = active_leases()
         ids: list[int] = []
         for query, params, leased in self._statements(rows, leases):
-            returned = conn.execute(query, params, prepare=True).fetchall()
+            returned = tx.execute(query, params, prepare=True).fetchall()
             ids += self._returned(returned, leases if leased else None)
         if leases is None:
-            self.written(conn, ids)
+            self.written(tx, ids)
         return ids
 
     def leased_insert(self, rows: Sequence[OutboxRow], lease: timedelta) -> tuple[str, list[Any]]:
@@ -266,23 +263,21 @@ class Outbox:
         columns = list(zip(*rows, strict=True))[:5]
         return self._insert_leased, [lease, *(list(column) for column in columns)]
 
-    def written(self, conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
-        """Announce outbox rows just written on ``conn`` by other means than :meth:`add`
+    def written(self, tx: Tx, ids: Sequence[int]) -> None:
+        """Announce outbox rows just written on ``tx`` by other means than :meth:`add`
         (never leased): a (debounced) wake-up for relays."""
         if ids and self._should_wake():
-            conn.execute(_WAKE, (self._channel,))
+            tx.execute(_WAKE, (self._channel,))
 
-    async def add_many_async(
-        self, conn: psycopg.AsyncConnection[Any], messages: Sequence[OutgoingMessage]
-    ) -> list[int]:
+    async def add_many_async(self, tx: AsyncTx, messages: Sequence[OutgoingMessage]) -> list[int]:
         """:meth:`add_many` on an :class:`psycopg.AsyncConnection`: the same statements."""
         leases = active_leases()
         ids: list[int] = []
         for query, params, leased in self._statements(self.rows(messages), leases):
-            cur = await conn.execute(query, params, prepare=True)
+            cur = await tx.execute(query, params, prepare=True)
             ids += self._returned(await cur.fetchall(), leases if leased else None)
         if ids and leases is None and self._should_wake():  # as :meth:`written`
-            await conn.execute(_WAKE, (self._channel,))
+            await tx.execute(_WAKE, (self._channel,))
         return ids
 
     def _outgoing(

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from saga.db.connections import DIRECT, DatabaseAccess
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.db.vacuum_horizon import read_vacuum_horizon, warn_if_held
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class _ScrapedCollector(Collector):
         yield up
         yield from families
 
-    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
+    def _read(self, tx: Tx) -> list[GaugeMetricFamily]:
         raise NotImplementedError
 
 
@@ -174,10 +174,10 @@ class DatabaseCollector(_ScrapedCollector):
         self.dead_letters_query = render(_DEAD_LETTERS, schema)
         self.unfinished_query = render(_UNFINISHED, schema)
 
-    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
-        ready, scheduled, oldest = _one(conn, self.outbox_query)
-        letters = conn.execute(self.dead_letters_query).fetchall()
-        unfinished = conn.execute(self.unfinished_query).fetchall()
+    def _read(self, tx: Tx) -> list[GaugeMetricFamily]:
+        ready, scheduled, oldest = _one(tx, self.outbox_query)
+        letters = tx.execute(self.dead_letters_query).fetchall()
+        unfinished = tx.execute(self.unfinished_query).fetchall()
         depth = GaugeMetricFamily("saga_outbox_depth", "Outbox rows ready to publish.")
         depth.add_metric([], ready)
         held = GaugeMetricFamily("saga_outbox_scheduled", "Outbox rows waiting for their time.")
@@ -213,8 +213,8 @@ class VacuumCollector(_ScrapedCollector):
         self.place = place
         self.up_name = f"saga_metrics_vacuum_{place}_up"
 
-    def _read(self, conn: psycopg.Connection[Any]) -> list[GaugeMetricFamily]:
-        horizon = read_vacuum_horizon(conn, [self.schema])
+    def _read(self, tx: Tx) -> list[GaugeMetricFamily]:
+        horizon = read_vacuum_horizon(tx, [self.schema])
         warn_if_held(horizon, f"{self.place} database")
         held = GaugeMetricFamily(
             "saga_oldest_transaction_age_seconds",
@@ -271,7 +271,7 @@ class BrokerCollector(Collector):
         yield age
 
 
-def _one(conn: psycopg.Connection[Any], query: str) -> tuple[Any, ...]:
-    row = conn.execute(query).fetchone()
+def _one(tx: Tx, query: str) -> tuple[Any, ...]:
+    row = tx.execute(query).fetchone()
     assert row is not None
     return tuple(row)

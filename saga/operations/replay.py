@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 from pydantic import ValidationError
 
+from saga.db.sql import Tx
 from saga.errors import NotReplayable
 from saga.handlers.closed_steps import ClosedSteps
 from saga.messaging.control import PURGED, FailureReply
@@ -66,9 +67,7 @@ def _envelope(letter: DeadLetterRow) -> Envelope | None:
         return None
 
 
-def superseded(
-    conn: psycopg.Connection[Any], letters: Sequence[DeadLetterRow], *, schema: str = "saga"
-) -> dict[int, str]:
+def superseded(tx: Tx, letters: Sequence[DeadLetterRow], *, schema: str = "saga") -> dict[int, str]:
     """Letter id -> why, for the letters whose saga step was compensated here since."""
     keys = {
         letter.id: key
@@ -77,7 +76,7 @@ def superseded(
     }
     if not keys:
         return {}
-    closed = ClosedSteps(schema).find(conn, sorted(set(keys.values())))
+    closed = ClosedSteps(schema).find(tx, sorted(set(keys.values())))
     return {
         letter_id: f"superseded: the saga compensated step {key!r} at "
         f"{closed[key]:%Y-%m-%d %H:%M:%S %Z}; replaying it would run an undone step"

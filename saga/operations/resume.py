@@ -20,7 +20,7 @@ from uuid import UUID
 
 import psycopg
 
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.engine.store import SagaStore
 from saga.errors import NotResumable, UnknownSaga
 from saga.messaging.control import ResumeSaga
@@ -79,15 +79,13 @@ class SagaResumer:
         self.outbox = Outbox(schema)
         self._stuck = render(_STUCK, schema)
 
-    def resume(
-        self, conn: psycopg.Connection[Any], saga_id: UUID, *, stuck_after: timedelta, reason: str
-    ) -> str:
+    def resume(self, tx: Tx, saga_id: UUID, *, stuck_after: timedelta, reason: str) -> str:
         """Resume one saga (in the caller's transaction); return its home service.
 
         A saga that failed to compensate or failed after its pivot is always resumable;
         a running or compensating one only when it made no progress for ``stuck_after``.
         """
-        record = self.store.load(conn, saga_id)
+        record = self.store.load(tx, saga_id)
         if record is None:
             raise UnknownSaga(f"no saga {saga_id} in schema {self.schema!r}")
         if record.status.finished:
@@ -100,12 +98,12 @@ class SagaResumer:
                     f"{idle.total_seconds():.0f}s ago; it is not stuck "
                     f"(use --stuck-after to lower the threshold)"
                 )
-        self._send(conn, saga_id, record.service, reason)
+        self._send(tx, saga_id, record.service, reason)
         return record.service
 
-    def find_stuck(self, conn: psycopg.Connection[Any], which: StuckFilter) -> list[StuckSaga]:
+    def find_stuck(self, tx: Tx, which: StuckFilter) -> list[StuckSaga]:
         """The stuck sagas ``which`` selects, longest idle first."""
-        rows = conn.execute(
+        rows = tx.execute(
             self._stuck,
             {
                 "stuck": which.stuck_after,
@@ -144,34 +142,34 @@ class SagaResumer:
 
     def _send(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         saga_id: UUID,
         service: str,
         reason: str,
         message_id: UUID | None = None,
     ) -> None:
         self.outbox.add(
-            conn,
+            tx,
             ResumeSaga(saga_id=saga_id, reason=reason),
             destination=service,
             saga_id=saga_id,
             message_id=message_id,
         )
-        self._close_dead_letters(conn, saga_id)
+        self._close_dead_letters(tx, saga_id)
 
-    def _close_dead_letters(self, conn: psycopg.Connection[Any], saga_id: UUID) -> None:
+    def _close_dead_letters(self, tx: Tx, saga_id: UUID) -> None:
         """Resuming answers the saga's own dead letters: mark them replayed, and record it."""
         store = DeadLetterStore(self.schema)
         letters = [
             letter
-            for letter in store.find(conn, DeadLetterFilter(status="pending", saga_id=saga_id))
+            for letter in store.find(tx, DeadLetterFilter(status="pending", saga_id=saga_id))
             if letter.error_type in ("CompensationFailed", "ForwardStepFailed")
         ]
         if letters:
             ids = [letter.id for letter in letters]
-            store.mark_replayed(conn, ids)
+            store.mark_replayed(tx, ids)
             store.record_replay(
-                conn,
+                tx,
                 {"command": "saga resume", "saga_id": str(saga_id)},
                 ids,
                 len(ids),

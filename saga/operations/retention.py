@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.errors import ConfigurationError
 
 _INBOX = """
@@ -177,11 +177,11 @@ class Pruner:
         ]
         self._counts = {k: (render(_COUNTS[k], schema), age) for k, _, age in self._jobs}
 
-    def missing_privileges(self, conn: psycopg.Connection[Any]) -> list[str]:
+    def missing_privileges(self, tx: Tx) -> list[str]:
         """What this session's role lacks to prune (e.g. ``DELETE on saga.inbox``)."""
         names = [f"{self.schema}.{table}" for table, _ in _PRIVILEGES]
         privileges = [privilege for _, privilege in _PRIVILEGES]
-        rows = conn.execute(_MISSING_PRIVILEGES, (names, privileges)).fetchall()
+        rows = tx.execute(_MISSING_PRIVILEGES, (names, privileges)).fetchall()
         return [row[0] for row in rows]
 
     def count(self, conn: psycopg.Connection[Any]) -> PruneReport:

@@ -7,12 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-import psycopg
-
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterRow, DeadLetterStore
 
 _REPLIES = """
@@ -65,21 +62,21 @@ class SagaMessages:
     dead_letters: list[DeadLetterRow] = field(default_factory=list)
 
 
-def saga_messages(conn: psycopg.Connection[Any], schema: str, saga_id: UUID) -> SagaMessages:
+def saga_messages(tx: Tx, schema: str, saga_id: UUID) -> SagaMessages:
     """The replies, outbox rows and dead letters of ``saga_id`` in this database."""
-    replies = conn.execute(render(_REPLIES, schema), (saga_id,)).fetchall()
-    pending = conn.execute(render(_PENDING, schema), (saga_id,)).fetchall()
-    letters = DeadLetterStore(schema).find(conn, DeadLetterFilter(saga_id=saga_id, status=None))
+    replies = tx.execute(render(_REPLIES, schema), (saga_id,)).fetchall()
+    pending = tx.execute(render(_PENDING, schema), (saga_id,)).fetchall()
+    letters = DeadLetterStore(schema).find(tx, DeadLetterFilter(saga_id=saga_id, status=None))
     return SagaMessages(
         [SentReply(*row) for row in replies], [PendingMessage(*row) for row in pending], letters
     )
 
 
 def received_at(
-    conn: psycopg.Connection[Any], schema: str, consumer: str, message_ids: Sequence[UUID]
+    tx: Tx, schema: str, consumer: str, message_ids: Sequence[UUID]
 ) -> dict[UUID, datetime]:
     """When ``consumer`` (a saga's home service) took each of ``message_ids`` in."""
     if not message_ids:
         return {}
-    rows = conn.execute(render(_RECEIVED, schema), (consumer, list(message_ids))).fetchall()
+    rows = tx.execute(render(_RECEIVED, schema), (consumer, list(message_ids))).fetchall()
     return dict(rows)

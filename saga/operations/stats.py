@@ -9,9 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import psycopg
-
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.messaging.events import EventRecords, UnroutedEvents
 
 __all__ = [
@@ -93,23 +91,23 @@ class SagaWaiting:
 
 
 def per_minute(
-    conn: psycopg.Connection[Any], schema: str, span: timedelta = timedelta(hours=1)
+    tx: Tx, schema: str, span: timedelta = timedelta(hours=1)
 ) -> list[tuple[datetime, int, int]]:
     """(minute, sagas started, sagas finished) for each minute of the last ``span``.
 
     Finished means completed or compensated: a saga held for an operator has its
     ``finished_at`` set (when it stopped) but is not finished."""
-    return conn.execute(render(_PER_MINUTE, schema), {"span": span}).fetchall()
+    return tx.execute(render(_PER_MINUTE, schema), {"span": span}).fetchall()
 
 
-def oldest_running(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[SagaWaiting]:
+def oldest_running(tx: Tx, schema: str, limit: int) -> list[SagaWaiting]:
     """The running or compensating sagas (not waiting for an event) started longest ago."""
-    return [SagaWaiting(*row) for row in conn.execute(render(_OLDEST_RUNNING, schema), (limit,))]
+    return [SagaWaiting(*row) for row in tx.execute(render(_OLDEST_RUNNING, schema), (limit,))]
 
 
-def longest_waiting(conn: psycopg.Connection[Any], schema: str, limit: int) -> list[SagaWaiting]:
+def longest_waiting(tx: Tx, schema: str, limit: int) -> list[SagaWaiting]:
     """The sagas waiting for an event (a signal, a timer) the longest."""
-    return [SagaWaiting(*row) for row in conn.execute(render(_LONGEST_WAITING, schema), (limit,))]
+    return [SagaWaiting(*row) for row in tx.execute(render(_LONGEST_WAITING, schema), (limit,))]
 
 
 @dataclass
@@ -124,7 +122,7 @@ class SagaStats:
 
 
 def collect(
-    conn: psycopg.Connection[Any],
+    tx: Tx,
     schema: str,
     *,
     window: timedelta,
@@ -132,19 +130,19 @@ def collect(
     stuck_limit: int = 20,
 ) -> SagaStats:
     stats = SagaStats()
-    for name, status, count in conn.execute(render(_COUNTS, schema)):
+    for name, status, count in tx.execute(render(_COUNTS, schema)):
         stats.counts.setdefault(name, {})[status] = count
-    for name, p50, p95, count in conn.execute(render(_DURATIONS, schema), (window,)):
+    for name, p50, p95, count in tx.execute(render(_DURATIONS, schema), (window,)):
         stats.durations[name] = {"p50_s": float(p50), "p95_s": float(p95), "finished": count}
-    for name, started in conn.execute(render(_OLDEST, schema)):
+    for name, started in tx.execute(render(_OLDEST, schema)):
         stats.oldest_running[name] = started
-    row = conn.execute(render(_STUCK_COUNT, schema), (stuck_after,)).fetchone()
+    row = tx.execute(render(_STUCK_COUNT, schema), (stuck_after,)).fetchone()
     stats.stuck_count = int(row[0]) if row else 0
-    for saga_id, name, status, step, updated in conn.execute(
+    for saga_id, name, status, step, updated in tx.execute(
         render(_STUCK, schema), (stuck_after, stuck_limit)
     ):
         stats.stuck.append(
             {"id": saga_id, "name": name, "status": status, "step": step, "updated_at": updated}
         )
-    stats.unrouted_events = EventRecords(schema).unrouted(conn)
+    stats.unrouted_events = EventRecords(schema).unrouted(tx)
     return stats

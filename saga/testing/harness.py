@@ -25,6 +25,7 @@ import psycopg
 from pydantic import BaseModel
 
 from saga.consumers.delivery_batches import Delivery, DeliveryBatchProcessor, DeliveryOutcome
+from saga.db.sql import Tx
 from saga.effects.side_effects import SideEffects
 from saga.engine.definition import Saga
 from saga.engine.registry import SagaRegistry
@@ -533,7 +534,7 @@ class SagaHarness:
         return copy
 
     def _watched(self, service: str, spec: HandlerSpec) -> Any:
-        def handler(tx: psycopg.Connection[Any], message: Any, ctx: HandlerContext) -> Any:
+        def handler(tx: Tx, message: Any, ctx: HandlerContext) -> Any:
             fault = self._faults.get((service, ctx.envelope.type))
             if fault is not None and fault.remaining > 0:
                 fault.remaining -= 1
