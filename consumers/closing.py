@@ -23,7 +23,7 @@ import psycopg
 from saga.consumers.inbox import Inbox
 from saga.db.sql import render
 from saga.messaging.leases import Leases
-from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage, held_back
+from saga.messaging.outbox import NewOutboxRow, Outbox, OutgoingMessage, held_back
 
 _CONFIRM = "SELECT id FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
 
@@ -47,7 +47,7 @@ class Closing:
         self,
         conn: psycopg.Connection[Any],
         consumer: str,
-        rows: Sequence[OutboxRow],
+        rows: Sequence[NewOutboxRow],
         replies: Sequence[tuple[UUID, OutgoingMessage]],
         leases: Leases | None,
     ) -> int:
@@ -70,7 +70,9 @@ class Closing:
             params += values
             selects.append(_WRITTEN)
         if replies:
-            bodies = {row[0]: row[4] for row in rows}  # a reply is one of the rows, mostly
+            bodies = {
+                row.message_id: row.body for row in rows
+            }  # a reply is one of the rows, mostly
             query, values = self.inbox.replies_kept(consumer, replies, bodies)
             ctes.append(f"kept AS ({query})")
             params += values

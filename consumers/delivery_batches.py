@@ -64,7 +64,7 @@ from saga.messaging.control import Ack
 from saga.messaging.dead_letters import DeadLetterStore
 from saga.messaging.envelope import COMMITTED_AT_HEADER, STEP_HEADER, Envelope
 from saga.messaging.leases import active_leases
-from saga.messaging.outbox import Outbox, OutboxRow, OutgoingMessage
+from saga.messaging.outbox import NewOutboxRow, Outbox, OutgoingMessage
 from saga.messaging.signing import KeyRing
 from saga.observability import tracing
 from saga.observability.logs import log_context
@@ -113,7 +113,7 @@ class _Staged:
     """What a batch keeps in memory until it commits (a segment that rolls back drops its part)."""
 
     #: outbox rows the batch's handlers sent, written in one statement before it commits
-    rows: list[OutboxRow] = field(default_factory=list)
+    rows: list[NewOutboxRow] = field(default_factory=list)
     #: (handled message id, reply) of the batch, kept with the inbox before it commits
     replies: list[tuple[UUID, OutgoingMessage]] = field(default_factory=list)
     #: when each handled message's outbox row committed (for the latency metric)

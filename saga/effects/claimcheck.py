@@ -73,7 +73,8 @@ class PostgresClaimStore:
         row = tx.execute(self._get, (claim_id,)).fetchone()
         if row is None:
             raise ClaimNotFound(f"no claim check {claim_id}")
-        return bytes(row[0]), str(row[1])
+        content, content_type = row
+        return bytes(content), str(content_type)
 
     def delete(self, tx: Tx, claim_id: UUID) -> None:
         tx.execute(self._delete, (claim_id,))

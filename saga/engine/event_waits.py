@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
@@ -103,8 +104,8 @@ class EventWaits:
 
     def take(self, tx: Tx, event_type: str, key: str) -> EarlyEvent | None:
         """The oldest event kept for (``event_type``, ``key``), removed; None if there is none."""
-        row = tx.execute(self._take, (event_type, key)).fetchone()
-        return EarlyEvent(row[0], row[1]) if row else None
+        cur = tx.cursor(row_factory=class_row(EarlyEvent))
+        return cur.execute(self._take, (event_type, key)).fetchone()
 
 
 class EventDelivery:

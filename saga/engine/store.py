@@ -256,7 +256,10 @@ class SagaStore:
     def find_by_key(self, tx: Tx, name: str, key: str) -> tuple[UUID, str | None] | None:
         """The saga started under ``key`` and the fingerprint of the data it started with."""
         row = tx.execute(self._by_key, (name, key)).fetchone()
-        return (row[0], row[1]) if row else None
+        if row is None:
+            return None
+        saga_id, fingerprint = row
+        return saga_id, fingerprint
 
     def load(self, tx: Tx, saga_id: UUID) -> SagaRecord | None:
         cur = tx.cursor(row_factory=dict_row)
@@ -359,7 +362,7 @@ class SagaStore:
     def statuses(self, tx: Tx, saga_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str | None]]:
         """(status, step) of each of ``saga_ids`` found here."""
         rows = tx.execute(self._statuses, (list(saga_ids),)).fetchall()
-        return {row[0]: (row[1], row[2]) for row in rows}
+        return {saga_id: (status, step) for saga_id, status, step in rows}
 
     def timeline(self, tx: Tx, saga_id: UUID) -> list[tuple[Any, ...]]:
         return tx.execute(self._timeline, (saga_id,)).fetchall()
@@ -394,7 +397,10 @@ class AsyncSagaStore:
     async def find_by_key(self, tx: AsyncTx, name: str, key: str) -> tuple[UUID, str | None] | None:
         """See :meth:`SagaStore.find_by_key`."""
         row = await (await tx.execute(self.store._by_key, (name, key))).fetchone()
-        return (row[0], row[1]) if row else None
+        if row is None:
+            return None
+        saga_id, fingerprint = row
+        return saga_id, fingerprint
 
     async def load(self, tx: AsyncTx, saga_id: UUID) -> SagaRecord | None:
         cur = tx.cursor(row_factory=dict_row)

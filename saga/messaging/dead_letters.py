@@ -224,7 +224,8 @@ class DeadLetterStore:
         """Lock rows for the rest of the transaction (two replays of one row serialize);
         each row's status and replay count once locked, which another operator may have
         changed since the rows were read."""
-        return {row[0]: (row[1], row[2]) for row in tx.execute(self._lock, (list(ids),))}
+        locked = tx.execute(self._lock, (list(ids),))
+        return {letter_id: (status, replays) for letter_id, status, replays in locked}
 
     def mark_replayed(self, tx: Tx, ids: Sequence[int]) -> None:
         if ids:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -69,8 +69,20 @@ RETURNING id, message_id, destination, message_type, body
 
 _WAKE = "SELECT pg_notify(%s, '')"
 
-#: One outbox row's values, in the order of the insert statements.
-OutboxRow = tuple[Any, ...]
+
+class NewOutboxRow(NamedTuple):
+    """One outbox row about to be written, its values in the order of the insert statements."""
+
+    message_id: UUID
+    destination: str | None
+    message_type: str
+    saga_id: UUID | None
+    body: bytes
+    #: the instant it is held back until (``deliver_after`` as a datetime)
+    deliver_at: datetime | None
+    #: how long it is held back from the transaction's start (``deliver_after`` as a timedelta)
+    delay: timedelta | None
+
 
 Delay = datetime | timedelta | None
 
@@ -239,12 +251,12 @@ class Outbox:
         for now are leased to the writer (and a message held back is written apart)."""
         return self.insert_rows(tx, self.rows(messages))
 
-    def rows(self, messages: Sequence[OutgoingMessage]) -> list[OutboxRow]:
+    def rows(self, messages: Sequence[OutgoingMessage]) -> list[NewOutboxRow]:
         """The outbox rows of ``messages``, checked (destination, size) but not written yet
         (an event's row has no destination)."""
         return [self._params(m) for m in messages]
 
-    def insert_rows(self, tx: Tx, rows: Sequence[OutboxRow]) -> list[int]:
+    def insert_rows(self, tx: Tx, rows: Sequence[NewOutboxRow]) -> list[int]:
         """Insert rows made by :meth:`rows`; return their ids."""
         leases = active_leases()
         ids: list[int] = []
@@ -255,7 +267,9 @@ class Outbox:
             self.written(tx, ids)
         return ids
 
-    def leased_insert(self, rows: Sequence[OutboxRow], lease: timedelta) -> tuple[str, list[Any]]:
+    def leased_insert(
+        self, rows: Sequence[NewOutboxRow], lease: timedelta
+    ) -> tuple[str, list[Any]]:
         """The statement inserting ``rows`` (none held back) leased for ``lease``, and its
         parameters; it returns :class:`~saga.messaging.leases.LeasedRow` columns."""
         if len(rows) == 1:
@@ -293,7 +307,7 @@ class Outbox:
         return OutgoingMessage(envelope, destination, deliver_after)
 
     def _statements(
-        self, rows: Sequence[OutboxRow], leases: Leases | None
+        self, rows: Sequence[NewOutboxRow], leases: Leases | None
     ) -> list[tuple[str, Sequence[Any], bool]]:
         """The inserts for ``rows``: (query, parameters, leased). Unleased: one statement, a
         plain prepared one for a single row (the usual case for an app's write), else one
@@ -320,7 +334,7 @@ class Outbox:
             return [row[0] for row in returned]
         return leases.add_written(returned)
 
-    def _params(self, message: OutgoingMessage) -> OutboxRow:
+    def _params(self, message: OutgoingMessage) -> NewOutboxRow:
         destination = message.destination
         if destination is not None:
             destination = validate_name(destination, "destination")
@@ -335,7 +349,7 @@ class Outbox:
                 "transaction's start)"
             )
         delay = message.deliver_after if isinstance(message.deliver_after, timedelta) else None
-        return (
+        return NewOutboxRow(
             message.envelope.message_id,
             destination,
             message.envelope.type,
@@ -354,6 +368,6 @@ class Outbox:
             return True
 
 
-def held_back(row: OutboxRow) -> bool:
+def held_back(row: NewOutboxRow) -> bool:
     """Whether ``row`` waits for a ``deliver_after`` (an instant or a delay)."""
-    return row[5] is not None or row[6] is not None
+    return row.deliver_at is not None or row.delay is not None
