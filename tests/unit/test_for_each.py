@@ -4,6 +4,7 @@ mistakes refused at registration or reported when the saga reaches the step."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -274,3 +275,12 @@ def test_the_fingerprint_includes_the_fan_out_shape() -> None:
     )
     assert shape(keyed)[1]["kind"] == "for_each"
     assert fingerprint(shape(keyed)) != fingerprint(shape(unkeyed))  # the key= identity
+
+
+def test_a_thousand_items_keep_a_compact_step_state() -> None:
+    """One character per item and the messages out: under 4 KB of JSON with 50 out, next
+    to the 64 KB data cap (the items themselves are in the data, and counted there)."""
+    scenario = created(tuple(f"sku-{n:04d}" for n in range(1000)), cap=50)
+    state = scenario.record.step_state
+    assert len(state["awaits"]) == 50 and len(state["marks"]) == 1000
+    assert len(json.dumps(state)) < 4096, len(json.dumps(state))
