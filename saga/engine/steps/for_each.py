@@ -252,6 +252,9 @@ class ForEach(StepKind):
 
     def compensate(self, t: Transition, attempt: int, message_id: UUID | None = None) -> bool:
         record = t.record
+        if self.compensation is None:  # nothing to undo
+            record.step_state = {}
+            return True
         if "marks" not in record.step_state:  # the fan-out completed: every item took effect
             items = self._items(t.data)
             record.step_state = {"marks": SUCCEEDED * len(items), "digest": self._digest(items)}
@@ -264,7 +267,7 @@ class ForEach(StepKind):
             self._mark(t, undoing, UNDONE)
         marks = state["marks"]
         index = max(marks.rfind(SUCCEEDED), marks.rfind(IN_DOUBT))
-        if self.compensation is None or index < 0:
+        if index < 0:
             record.step_state = {}
             return True
         state["undoing"] = index
