@@ -16,7 +16,7 @@ saga is registered), not when a saga instance first reaches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from saga.db.sql import AsyncTx, Tx, validate_name
 from saga.engine.builders import as_builder, message_class
 from saga.engine.saga_data import check_storable
-from saga.engine.steps import LocalStep, ParallelGroup, RemoteStep, Step, WaitStep
+from saga.engine.steps import ForEach, LocalStep, ParallelGroup, RemoteStep, Step, WaitStep
 from saga.engine.steps.kind import StepKind
 from saga.engine.steps.options import (
     COMPENSATE,
@@ -45,6 +45,7 @@ __all__ = [
     "COMPENSATE",
     "HOLD",
     "RETRY",
+    "ForEach",
     "LocalAction",
     "LocalStep",
     "MigrationRule",
@@ -58,6 +59,7 @@ __all__ = [
 
 D = TypeVar("D", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
+Item = TypeVar("Item")  # an item of a fan-out
 
 
 DEFAULT_MAX_DATA_BYTES = 64 * 1024
@@ -292,6 +294,60 @@ class Saga(Generic[D]):
         finally:
             self._draft.group = None
         self.steps.append(ParallelGroup(name, tuple(members), when))
+
+    def for_each(
+        self,
+        name: str,
+        *,
+        items: Callable[[D], Sequence[Item]],
+        service: str,
+        command: Callable[[D, Item], BaseModel],
+        reply: type[R] | None = None,
+        on_reply: Callable[[D, Item, R], D] | None = None,
+        compensate: Callable[[D, Item], BaseModel] | None = None,
+        compensate_service: str | None = None,
+        max_in_flight: int = 10,
+        key: Callable[[Item], object] | None = None,
+        when: Callable[[D], bool] | None = None,
+        retry: StepRetry | None = None,
+    ) -> None:
+        """A step that sends ``command(data, item)`` to ``service`` for each item of
+        ``items(data)``, at most ``max_in_flight`` at once, and goes on once all succeeded.
+
+        >>> order.for_each("reserve_lines", items=lambda d: d.lines,     # doctest: +SKIP
+        ...     service="stock", command=lambda d, line: ReserveLine(sku=line.sku),
+        ...     reply=LineReserved, on_reply=lambda d, line, r: d.model_copy(...),
+        ...     compensate=lambda d, line: ReleaseLine(sku=line.sku), key=lambda l: l.sku)
+
+        Each item's command carries its own idempotency key, made of its position and its
+        identity (``key(item)``, or a digest of the item); the items must stay as they are
+        while the step runs. ``on_reply(data, item, reply)`` gathers each result into the
+        data. When an item fails, no further item is sent; once those still out answered,
+        the items that took effect are compensated (latest first), then the steps before.
+        ``retry`` applies to the compensations. A fan-out may not come after the pivot, nor
+        sit in a parallel group. See docs/sagas.md, "For each item".
+        """
+        if self._draft.group is not None:
+            raise ConfigurationError(
+                f"fan-out {name!r} cannot be a member of a parallel group: declare it "
+                "before or after the `with saga.parallel(...)` block"
+            )
+        self.steps.append(
+            ForEach(
+                name=name,
+                items=items,
+                service=service,
+                command=command,
+                reply=reply,
+                on_reply=on_reply,
+                compensation=compensate,
+                compensation_service=compensate_service,
+                max_in_flight=max_in_flight,
+                key=key,
+                when=when,
+                retry=retry,
+            )
+        )
 
     def _add(self, step: LocalStep | RemoteStep) -> None:
         """A declared step: the saga's next one, or a member of the group being declared."""

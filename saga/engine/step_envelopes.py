@@ -37,21 +37,34 @@ class StepEnvelopes:
 
     def command(self, step: RemoteStep, data: BaseModel, message_id: UUID | None) -> Envelope:
         """The step's forward command, answered to the saga's home service."""
-        return self._wrap(
-            self.saga.build_message(step, data),
-            reply_to=self.home_service,
-            headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: self.step_key(step)},
-            message_id=message_id,
-        )
+        message = self.saga.build_message(step, data)
+        return self.request(message, step, self.step_key(step), message_id)
 
     def compensation(
         self, step: RemoteStep, data: BaseModel, message_id: UUID | None = None
     ) -> Envelope:
         """The step's compensation, under its own idempotency key, naming the step it undoes."""
         assert step.compensation is not None
-        forward_key = self.step_key(step)
+        message = self.saga.build_message(step, data, compensation=True)
+        return self.undo(message, step, self.step_key(step), message_id)
+
+    def request(
+        self, message: BaseModel, step: StepKind, key: str, message_id: UUID | None
+    ) -> Envelope:
+        """``message`` sent forward for ``step`` under idempotency key ``key``."""
         return self._wrap(
-            self.saga.build_message(step, data, compensation=True),
+            message,
+            reply_to=self.home_service,
+            headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: key},
+            message_id=message_id,
+        )
+
+    def undo(
+        self, message: BaseModel, step: StepKind, forward_key: str, message_id: UUID | None
+    ) -> Envelope:
+        """``message`` undoing what was sent under ``forward_key``, under a key of its own."""
+        return self._wrap(
+            message,
             reply_to=self.home_service,
             headers={
                 STEP_HEADER: step.name,

@@ -234,7 +234,10 @@ class Transition:
         self.record.status = SagaStatus.COMPENSATING
         self.record.last_error = reason
         self.record.failed_step = cause.name if cause is not None else None
-        self.record.step_state = {}  # what a step kept while it ran is over
+        current = self.saga.find(self.record.step) if self.record.step else None
+        # what the current step kept while it ran is over, but for what undoing it needs
+        state = current.kept_for_compensation(self.record.step_state) if current else {}
+        self.record.step_state = state
         self._compensate_next(attempt=1)
 
     def _compensate_next(self, attempt: int, message_id: UUID | None = None) -> None:

@@ -139,6 +139,19 @@ class SagaScenario:
         self._transition(None, lambda run: refused.append(run.on_signal(signal)))
         return refused[0]
 
+    def cancel(self, reason: str = "cancelled by the test") -> None:
+        """Ask the saga to compensate from where it is, as ``saga cancel`` does: it does
+        once the step it waits at has answered."""
+        self.record.cancel_requested = True
+        self.record.last_error = reason
+
+    def resume(self) -> bool:
+        """Resume the saga, as ``saga resume`` does (what it waits for is sent again);
+        False when there was nothing to resume."""
+        resumed: list[bool] = []
+        self._transition(None, lambda run: resumed.append(run.resume()))
+        return resumed[0]
+
     def run_until_idle(self) -> int:
         """Hand the saga every answer waiting for it, and the commands it sends to the rules."""
         handled = 0

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from saga.messaging.control import Ack, FailureReply
 from saga.messaging.envelope import message_type_of
-from saga.testing.messages import Expected, Message
+from saga.testing.messages import Expected, Message, matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +84,14 @@ class Stubs:
         return taken
 
     def take(self, service: str, expected: Expected | None) -> Message:
-        """The oldest command waiting at ``service`` (of ``expected``'s type, when given)."""
+        """The oldest command waiting at ``service`` (of ``expected``'s type, when given);
+        when ``expected`` is a whole message, the oldest equal to it if one is (commands sent
+        at once, such as a fan-out's, are expected in any order)."""
         queue = self.waiting.get(service, [])
+        if not isinstance(expected, type | None):
+            for index, message in enumerate(queue):
+                if matches(expected, message):
+                    return queue.pop(index)
         wanted = None
         if expected is not None:
             wanted = message_type_of(expected if isinstance(expected, type) else type(expected))

@@ -181,9 +181,13 @@ class GroupMachine(RuleBasedStateMachine):
                 self.requests.append(envelope)
         self.check_undos()
 
+    def unit(self, request: Envelope) -> str:
+        """What ``request`` does or undoes, as the model counts it: its step."""
+        return request.headers[STEP_HEADER]
+
     def check_undos(self) -> None:
         for request in self.requests:
-            step = request.headers[STEP_HEADER]
+            step = self.unit(request)
             if COMPENSATES_HEADER in request.headers:
                 assert step in self.took_effect or step in self.in_doubt, (
                     f"{step} compensated though it took no effect ({self.took_effect})"
@@ -203,7 +207,7 @@ class GroupMachine(RuleBasedStateMachine):
 
     def answer(self, request: Envelope, outcome: str) -> None:
         """The participant answers ``request`` (its first outcome, if it answered before)."""
-        step = request.headers[STEP_HEADER]
+        step = self.unit(request)
         undo = COMPENSATES_HEADER in request.headers
         if undo:
             outcome = "ok"
@@ -234,7 +238,7 @@ class GroupMachine(RuleBasedStateMachine):
         if not awaits_reply(self.record, envelope):
             if may_undo(reply, envelope):
                 run = self.transition(envelope)
-                if run.undo_late_success(step, reply):
+                if run.undo_late_success(request.headers[STEP_HEADER], reply):
                     self.commit(run)
             return
         run = self.transition(envelope)

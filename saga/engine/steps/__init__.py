@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from saga.engine.steps.for_each import ForEach
 from saga.engine.steps.local import LocalStep
 from saga.engine.steps.parallel import ParallelGroup
 from saga.engine.steps.remote import RemoteStep
 from saga.engine.steps.wait import WaitStep
 
 #: Every kind of step; ``match`` on it with ``assert_never`` where kinds must be told apart.
-Step = LocalStep | RemoteStep | WaitStep | ParallelGroup
+Step = LocalStep | RemoteStep | WaitStep | ParallelGroup | ForEach
 
-__all__ = ["LocalStep", "ParallelGroup", "RemoteStep", "Step", "WaitStep"]
+__all__ = ["ForEach", "LocalStep", "ParallelGroup", "RemoteStep", "Step", "WaitStep"]

@@ -101,6 +101,11 @@ class StepKind(ABC):
         False when the saga now waits for the compensation's answer."""
         return True
 
+    def kept_for_compensation(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What of its part of the record (``step_state``) the step's compensation needs
+        when the saga compensates while at it; the rest is over."""
+        return {}
+
     def undo_late(self, t: Transition, reply: BaseModel) -> bool:
         """A success after the saga compensated past the step: send its compensation.
         False when there is nothing to undo."""

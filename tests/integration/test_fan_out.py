@@ -1,0 +1,161 @@
+"""A fan-out of 1,000 items on real PostgreSQL, over RabbitMQ and the PostgreSQL broker:
+every item reserved once and gathered into the data, then, when a later step fails, every
+item released once; and a failed item releasing exactly the items that took effect."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from uuid import UUID
+
+import pytest
+from pydantic import BaseModel
+
+from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
+from tests.support.brokers import TestBroker
+from tests.support.databases import TestDatabase
+from tests.support.running import running_relay, running_service
+from tests.support.services import EFFECTS_DDL
+from tests.support.wait import wait_until
+
+ITEMS = 1_000
+
+
+class Line(BaseModel):
+    sku: str
+    qty: int = 1
+
+
+class Order(BaseModel):
+    order_id: str
+    lines: list[Line]
+    fail_sku: str | None = None  # the line the stock service refuses
+    confirm_fails: bool = False
+    reserved: int = 0  # gathered from every line's reply
+
+
+class ReserveLine(BaseModel):
+    sku: str
+    qty: int
+    fails: bool
+
+
+class LineReserved(BaseModel):
+    qty: int
+
+
+class ReleaseLine(BaseModel):
+    sku: str
+
+
+class Confirm(BaseModel):
+    order_id: str
+    confirm_fails: bool
+
+
+def effect(tx: Tx, kind: str, key: str) -> None:
+    tx.execute("INSERT INTO public.effects (kind, key) VALUES (%s, %s)", (kind, key))
+
+
+order = Saga("fan_out_order", data=Order)
+order.for_each(
+    "reserve_lines",
+    items=lambda d: d.lines,
+    service="fan_stock",
+    command=lambda d, line: ReserveLine(sku=line.sku, qty=line.qty, fails=line.sku == d.fail_sku),
+    reply=LineReserved,
+    on_reply=lambda d, line, r: d.model_copy(update={"reserved": d.reserved + r.qty}),
+    compensate=lambda d, line: ReleaseLine(sku=line.sku),
+    max_in_flight=50,
+    key=lambda line: line.sku,
+)
+order.remote("confirm", service="fan_stock", command=Confirm)
+
+FAST = RetryPolicy(immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.05,))
+registry = SagaRegistry("fan_out_orders", retry=FAST)
+registry.register(order)
+stock = Service("fan_stock", retry=FAST)
+
+
+@stock.handler(ReserveLine)
+def reserve_line(tx: Tx, cmd: ReserveLine, ctx: HandlerContext) -> LineReserved:
+    if cmd.fails:
+        raise StepFailed(f"no stock for {cmd.sku}")
+    effect(tx, "reserve", cmd.sku)
+    return LineReserved(qty=cmd.qty)
+
+
+@stock.handler(ReleaseLine)
+def release_line(tx: Tx, cmd: ReleaseLine, ctx: HandlerContext) -> None:
+    effect(tx, "release", cmd.sku)
+
+
+@stock.handler(Confirm)
+def confirm(tx: Tx, cmd: Confirm, ctx: HandlerContext) -> None:
+    if cmd.confirm_fails:
+        raise StepFailed("not confirmed")
+
+
+@pytest.fixture(autouse=True)
+def _effects_table(db: TestDatabase) -> None:
+    db.execute(EFFECTS_DDL)
+
+
+@contextmanager
+def orders_running(db: TestDatabase, broker: TestBroker) -> Iterator[None]:
+    with ExitStack() as stack:
+        stack.enter_context(running_relay(db, broker))
+        stack.enter_context(running_service(registry.as_service(), db, broker))
+        stack.enter_context(running_service(stock, db, broker))
+        yield
+
+
+def lines(count: int) -> list[Line]:
+    return [Line(sku=f"sku-{n:04d}") for n in range(count)]
+
+
+def start(db: TestDatabase, data: Order) -> UUID:
+    with db.connect(autocommit=False) as conn, conn.transaction():
+        return order.start(conn, data)
+
+
+def settled(db: TestDatabase, saga_id: UUID, status: str) -> None:
+    query = "SELECT status FROM saga.saga_instances WHERE id = %s"
+    wait_until(lambda: db.scalar(query, (saga_id,)) == status, timeout=600, what=status)
+
+
+def effects(db: TestDatabase, kind: str) -> Counter[str]:
+    rows = db.rows("SELECT key FROM public.effects WHERE kind = %s", (kind,))
+    return Counter(r[0] for r in rows)
+
+
+@pytest.mark.slow
+def test_a_thousand_items_complete_then_are_released_once_each_when_a_later_step_fails(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    data = Order(order_id="o1", lines=lines(ITEMS), confirm_fails=True)
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, data)
+        settled(db, saga_id, "compensated")
+    every = Counter(line.sku for line in data.lines)
+    assert effects(db, "reserve") == every
+    assert effects(db, "release") == every
+    saved = db.scalar("SELECT data FROM saga.saga_instances WHERE id = %s", (saga_id,))
+    assert saved["reserved"] == ITEMS
+
+
+@pytest.mark.slow
+def test_a_failed_item_releases_exactly_the_items_that_took_effect(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    data = Order(order_id="o2", lines=lines(200), fail_sku="sku-0150")
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, data)
+        settled(db, saga_id, "compensated")
+    reserved = effects(db, "reserve")
+    assert 0 < len(reserved) < 200 and "sku-0150" not in reserved
+    assert set(reserved.values()) == {1}
+    assert effects(db, "release") == reserved
+    error = db.scalar("SELECT last_error FROM saga.saga_instances WHERE id = %s", (saga_id,))
+    assert error == "reserve_lines[150]: no stock for sku-0150"

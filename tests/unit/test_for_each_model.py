@@ -1,0 +1,113 @@
+"""Model-based tests of fan-outs: items answered in any order, next to a parallel group.
+
+Hypothesis draws a saga with a fan-out (one to five items, a cap of one to three, its
+items compensated or not), maybe a step before it, maybe a parallel group before it, maybe
+a step after it, then plays the participant as the parallel-group model does (answers in
+any order, duplicates, dead letters, resumes). What it counts is each command's
+idempotency key, so every item is a unit of its own.
+
+After every event nothing is undone twice, and nothing is undone that did not take effect
+(or may have); at the end the saga has completed (nothing undone) or compensated, with
+every item and step that took effect undone exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize
+
+from saga import Saga, StepRetry
+from saga.engine.state import SagaRecord
+from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, Envelope
+from tests.unit.test_parallel_model import (
+    HOME,
+    SAGA_ID,
+    Command,
+    Data,
+    GroupMachine,
+    Member,
+    Undo,
+)
+
+
+@dataclass(frozen=True)
+class FanShape:
+    """The generated saga, as Hypothesis prints it when it reports a failure."""
+
+    before: bool
+    group: tuple[Member, ...]  # empty: no group
+    items: int
+    cap: int
+    compensated: bool
+    after: bool
+    members: tuple[Member, ...] = ()  # what the group model reads for deadlines (none here)
+
+
+@st.composite
+def fan_shapes(draw: st.DrawFn) -> FanShape:
+    group = tuple(
+        Member(name=f"m{i}", compensated=draw(st.booleans()))
+        for i in range(draw(st.sampled_from([0, 0, 2])))
+    )
+    return FanShape(
+        before=draw(st.booleans()),
+        group=group,
+        items=draw(st.integers(min_value=1, max_value=5)),
+        cap=draw(st.integers(min_value=1, max_value=3)),
+        compensated=draw(st.booleans()) or draw(st.booleans()),
+        after=draw(st.booleans()),
+    )
+
+
+def key(step: str) -> str:
+    return f"{SAGA_ID}:{step}"
+
+
+class FanOutMachine(GroupMachine):
+    """One saga with a fan-out, moved by Transition and the routing rules."""
+
+    def unit(self, request: Envelope) -> str:
+        """The forward key a request carries, or the one a compensation undoes."""
+        headers = request.headers
+        return headers.get(COMPENSATES_HEADER) or headers[IDEMPOTENCY_KEY_HEADER]
+
+    def build_fan_out(self, shape: FanShape) -> Saga[Data]:
+        saga = Saga("model", data=Data, retry=StepRetry(attempts=2))
+        if shape.before:
+            self.remote(saga, Member("before"))
+        if shape.group:
+            with saga.parallel("group"):
+                for member in shape.group:
+                    self.remote(saga, member)
+        saga.for_each(
+            "fan",
+            items=lambda d: [f"i{n}" for n in range(shape.items)],
+            service="participant",
+            command=lambda d, item: Command(step=item),
+            compensate=(lambda d, item: Undo(step=item)) if shape.compensated else None,
+            max_in_flight=shape.cap,
+            key=lambda item: item,
+        )
+        if shape.after:
+            self.remote(saga, Member("after"))
+        return saga
+
+    @initialize(shape=fan_shapes())
+    def start(self, shape: FanShape) -> None:
+        self.shape = shape  # type: ignore[assignment]
+        items = {key(f"fan:{n}:i{n}") for n in range(shape.items)} if shape.compensated else set()
+        members = {key(m.name) for m in shape.group if m.compensated}
+        self.compensated = items | members | {key("before"), key("after")}
+        self.saga = self.build_fan_out(shape)
+        self.saga.validate()
+        self.record = SagaRecord.new(SAGA_ID, "model", 1, HOME, Data().model_dump())
+        run = self.transition(None)
+        run.advance(0)
+        self.commit(run)
+
+
+TestFanOutModel = FanOutMachine.TestCase
+TestFanOutModel.settings = settings(max_examples=300, stateful_step_count=30, deadline=None)
