@@ -50,7 +50,7 @@ profile: $(BENCH_STAMP)
 # A few minutes of faults against the example (restarts local PostgreSQL and RabbitMQ).
 # Longer: make chaos CHAOS_ARGS="--sagas 3000 --duration 900"
 chaos: $(STAMP)
-	$(BIN)/python -m saga.examples.order_saga.chaos --save $(CHAOS_ARGS)
+	$(BIN)/python -m tests.rig.chaos --save $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

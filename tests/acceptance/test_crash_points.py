@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
+from tests.rig.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.supervisor import Supervisor
 from saga.faults import FAULT_POINTS
 from tests.support.example_cluster import settle
 

@@ -17,7 +17,7 @@ import pytest
 
 from saga import Outbox
 from saga.examples.order_saga.processes import SagaProcess, saga_env
-from saga.examples.order_saga.rabbitmq_cluster import (
+from tests.rig.rabbitmq_cluster import (
     RABBITMQ_BIN,
     RabbitCluster,
     rabbitmq_installed,
