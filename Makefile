@@ -19,9 +19,9 @@ demo: $(STAMP)
 	$(BIN)/saga demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check saga consumers outbox_relay tests examples bench
-	$(BIN)/ruff format --check saga consumers outbox_relay tests examples bench
-	$(BIN)/mypy
+	$(BIN)/ruff check saga consumers outbox_relay tests examples bench .ci
+	$(BIN)/ruff format --check saga consumers outbox_relay tests examples bench .ci
+	$(BIN)/python .ci/typecheck.py
 
 # The inner loop: lint, mypy and the tests that need no server or only PostgreSQL, except
 # the slow ones. A missing PostgreSQL stops it at once.

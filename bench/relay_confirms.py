@@ -35,9 +35,9 @@ from bench import report
 from bench.environment import AMQP_URL, machine
 from bench.profile import machine_busy, process_cpu, server_pids
 from bench.relay_throughput import Drain, relay_drain
-from saga.outbox_relay import publisher
 from saga.broker.amqp.confirms import PublisherConfirms
 from saga.broker.transport import BrokerConfig, Topology
+from saga.outbox_relay import publisher
 from tests.rig.rabbitmq_cluster import RabbitCluster
 
 MODES = ("confirms", "transactions")

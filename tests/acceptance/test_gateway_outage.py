@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 from saga.examples.order_saga import workload
-from tests.rig.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
+from tests.rig.checker import check
 from tests.rig.supervisor import Supervisor
 from tests.support.cli import saga_cli
 from tests.support.example_cluster import gateway_answers, settle

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from saga.examples.order_saga import workload
-from tests.rig.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
 from saga.examples.order_saga.processes import SagaProcess
+from tests.rig.checker import check
 from tests.rig.redis_server import RedisServer
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli

@@ -79,18 +79,18 @@ import psycopg
 
 from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.examples.order_saga import workload
-from tests.rig.checker import check
 from saga.examples.order_saga.cluster import SERVICES, Cluster
+from saga.examples.order_saga.gateway import GatewayClient
+from saga.examples.order_saga.processes import SAGA
+from tests.rig.checker import check
 from tests.rig.fault_injector import (
     BROKER_URL,
     RABBITMQ_PORT,
     FaultInjector,
     wait_port,
 )
-from saga.examples.order_saga.gateway import GatewayClient
 from tests.rig.operator import BulkResume, replay_held
 from tests.rig.private_servers import PrivateServers
-from saga.examples.order_saga.processes import SAGA
 from tests.rig.redis_server import RedisServer
 from tests.rig.stuck_sagas import automatic_resumes, describe_stuck
 from tests.rig.supervisor import Supervisor
