@@ -19,9 +19,9 @@ demo: $(STAMP)
 	$(BIN)/saga demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check saga consumers outbox_relay tests examples bench
-	$(BIN)/ruff format --check saga consumers outbox_relay tests examples bench
-	$(BIN)/mypy
+	$(BIN)/ruff check saga consumers outbox_relay tests examples bench .ci
+	$(BIN)/ruff format --check saga consumers outbox_relay tests examples bench .ci
+	$(BIN)/python .ci/typecheck.py
 
 # The inner loop: lint, mypy and the tests that need no server or only PostgreSQL, except
 # the slow ones. A missing PostgreSQL stops it at once.
@@ -50,7 +50,7 @@ profile: $(BENCH_STAMP)
 # A few minutes of faults against the example (restarts local PostgreSQL and RabbitMQ).
 # Longer: make chaos CHAOS_ARGS="--sagas 3000 --duration 900"
 chaos: $(STAMP)
-	$(BIN)/python -m saga.examples.order_saga.chaos --save $(CHAOS_ARGS)
+	$(BIN)/python -m tests.rig.chaos --save $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -11,7 +11,7 @@ busy the whole machine was meanwhile. Then a lone message, as a consumer publish
 one delivery handled alone wrote: 100 times a round one durable publish and its confirm,
 or its ``tx.commit``, p50 and p99 of each. ``--broker``: ``node`` (the default) a private
 RabbitMQ node of its own, classic queue; ``cluster`` a private three-node cluster, quorum
-queue (:mod:`saga.examples.order_saga.rabbitmq_cluster`); ``shared`` the machine's own
+queue (:mod:`tests.rig.rabbitmq_cluster`); ``shared`` the machine's own
 RabbitMQ, whose CPU then counts what other clients did during the drain too.
 
 A private node's CPU is this relay's traffic alone; the machine's busy share says how
@@ -35,10 +35,10 @@ from bench import report
 from bench.environment import AMQP_URL, machine
 from bench.profile import machine_busy, process_cpu, server_pids
 from bench.relay_throughput import Drain, relay_drain
-from outbox_relay import publisher
 from saga.broker.amqp.confirms import PublisherConfirms
 from saga.broker.transport import BrokerConfig, Topology
-from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
+from saga.outbox_relay import publisher
+from tests.rig.rabbitmq_cluster import RabbitCluster
 
 MODES = ("confirms", "transactions")
 #: Where the relay publishes: --broker choice -> how the results name it.

@@ -28,7 +28,7 @@ from bench.environment import AMQP_URL, ScratchDatabase
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.cluster import SAGA_SERVICES, TARGETS, Cluster
 from saga.examples.order_saga.orders import OrderData
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.supervisor import Supervisor
 
 FIRST_PORT = 9460
 LATENCY = "saga_delivery_latency_seconds"

@@ -28,7 +28,7 @@ from bench.saga_e2e import wait_until_finished
 from bench.workload import ACCOUNTS, create_tables, finished
 from saga.examples.order_saga.cluster import delete_queues
 from saga.examples.order_saga.processes import saga_env
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.supervisor import Supervisor
 
 APP = "bench._saga_app"
 WARM_UP = 200

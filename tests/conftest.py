@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from saga.examples.order_saga.cluster import Cluster
-from saga.examples.order_saga.pgbouncer_server import PgBouncerServer, pgbouncer_program
-from saga.examples.order_saga.redis_server import RedisServer
+from tests.rig.pgbouncer_server import PgBouncerServer, pgbouncer_program
+from tests.rig.redis_server import RedisServer
 from tests.support import sagas, servers, services
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase, with_database

@@ -1,10 +1,5 @@
-"""Events to three subscribers under faults: ``python -m saga.examples.fanout``.
-
-Two publishers write numbered events (``Tick``) in their own transactions; two relays
-publish them; three subscribing services (``audit``, ``billing``, ``reporting``), each
-on its own database with a relay of its own, write one row per event. While events flow,
-publishers, relays and subscribers are killed with SIGKILL (a supervisor starts them
-again) and the broker is restarted once: a private RabbitMQ node, or the private
-PostgreSQL cluster that holds the PostgreSQL broker and every database. In the end each
-subscriber must hold every event exactly once. See :mod:`saga.examples.fanout.run`.
+"""Events to three subscribers: the event (``Tick``), its subscribing services and the
+publisher process. ``python -m tests.rig.fanout`` (in a checkout) runs them under faults:
+publishers, relays and subscribers killed, the broker restarted, and then each subscriber
+must hold every event exactly once. See :mod:`tests.rig.fanout`.
 """

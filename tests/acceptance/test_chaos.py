@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from saga.examples.order_saga.chaos import KINDS
+from tests.rig.chaos import KINDS
 from tests.support import servers
 from tests.support.chaos_runs import clean_chaos_run
 

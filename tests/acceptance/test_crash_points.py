@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
-from saga.examples.order_saga.supervisor import Supervisor
 from saga.faults import FAULT_POINTS
+from tests.rig.checker import check
+from tests.rig.supervisor import Supervisor
 from tests.support.example_cluster import settle
 
 ORDERS = 40

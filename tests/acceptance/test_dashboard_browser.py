@@ -21,7 +21,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.cluster import SERVICES, Cluster
 from saga.examples.order_saga.gateway import GatewayClient
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.supervisor import Supervisor
 from tests.support.browser import (
     Screenshots,
     Walk,

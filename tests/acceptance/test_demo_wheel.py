@@ -127,11 +127,20 @@ print("ok")
 """
 
 
+#: The rig that drives the example under faults: in a checkout only.
+RIG = {path.name for path in (REPO / "tests" / "rig").glob("*.py")} - {"__init__.py"}
+
+
 def test_the_wheel_claims_only_the_saga_namespace(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path)
     with zipfile.ZipFile(wheel) as archive:
-        tops = {name.split("/")[0] for name in archive.namelist()}
+        names = archive.namelist()
+    tops = {name.split("/")[0] for name in names}
     assert tops == {"saga", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    # The example ships the demo's closure; no chaos or private-server module comes along.
+    shipped = {Path(name).name for name in names if name.startswith("saga/examples/")}
+    assert "demo.py" in shipped and "chaos.py" in RIG
+    assert shipped.isdisjoint(RIG), sorted(shipped & RIG)
     # An application whose own packages are called consumers and examples keeps them.
     venv = fresh_venv(tmp_path, wheel)
     folder = tmp_path / "app"

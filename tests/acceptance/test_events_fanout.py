@@ -1,12 +1,12 @@
 """Issue 16's acceptance: three subscribers, every event exactly once, through faults.
 
-``saga.examples.fanout`` runs two publishers, their relays, and three subscribing
+``tests.rig.fanout`` runs two publishers, their relays, and three subscribing
 services (each a ``saga consume`` and a ``saga relay`` on its own database) as real
 subprocesses; it SIGKILLs them while events flow and crashes the broker halfway: a
 private RabbitMQ node, or the private PostgreSQL cluster holding the PostgreSQL broker
 and every database (the shared servers are never restarted). Every subscriber's
 database must end with every event exactly once. The in-suite run is scaled down; the
-full one (10,000 events) is ``python -m saga.examples.fanout --events 10000``.
+full one (10,000 events) is ``python -m tests.rig.fanout --events 10000``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from saga.examples.fanout.run import run
-from saga.examples.order_saga.postgres_server import POSTGRES_ROOT
-from saga.examples.order_saga.rabbitmq_cluster import rabbitmq_installed
+from tests.rig.fanout import run
+from tests.rig.postgres_server import POSTGRES_ROOT
+from tests.rig.rabbitmq_cluster import rabbitmq_installed
 from tests.support import servers
 
 EVENTS = 2000

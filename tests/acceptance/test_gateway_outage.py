@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.checker import check
+from tests.rig.supervisor import Supervisor
 from tests.support.cli import saga_cli
 from tests.support.example_cluster import gateway_answers, settle
 from tests.support.wait import wait_until

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from saga.db.connections import POOLED_POLLING
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
-from saga.examples.order_saga.pgbouncer_server import PgBouncerServer, pgbouncer_program
+from tests.rig.checker import check
+from tests.rig.pgbouncer_server import PgBouncerServer, pgbouncer_program
 from tests.support import servers
 from tests.support.chaos_runs import clean_chaos_run
 from tests.support.example_cluster import services_as_processes

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
+from tests.rig.checker import check
 from tests.support.cli import saga_cli
 from tests.support.example_cluster import services_as_processes
 

@@ -12,8 +12,8 @@ from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient, GatewayServer
 from saga.examples.order_saga.messages import ChargeCard
 from saga.examples.order_saga.processes import REPO
-from saga.examples.order_saga.supervisor import Supervisor
 from saga.messaging.envelope import Envelope
+from tests.rig.supervisor import Supervisor
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase

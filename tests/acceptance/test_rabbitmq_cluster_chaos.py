@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 import re
 
-from saga.examples.order_saga.chaos import RABBITMQ_CLUSTER_KINDS
-from saga.examples.order_saga.rabbitmq_cluster import RABBITMQ_BIN, rabbitmq_installed
+from tests.rig.chaos import RABBITMQ_CLUSTER_KINDS
+from tests.rig.rabbitmq_cluster import RABBITMQ_BIN, rabbitmq_installed
 from tests.support import servers
 from tests.support.chaos_runs import clean_chaos_run
 

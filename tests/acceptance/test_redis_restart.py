@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
 from saga.examples.order_saga.processes import SagaProcess
-from saga.examples.order_saga.redis_server import RedisServer
+from tests.rig.checker import check
+from tests.rig.redis_server import RedisServer
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import DatabaseFactory

@@ -11,8 +11,8 @@ import pytest
 
 from saga import Outbox
 from saga.errors import UnsafeDurability
-from saga.examples.order_saga.redis_server import RedisServer
 from saga.outbox_relay import Relay
+from tests.rig.redis_server import RedisServer
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase

@@ -17,12 +17,12 @@ import pytest
 
 from saga import Outbox
 from saga.examples.order_saga.processes import SagaProcess, saga_env
-from saga.examples.order_saga.rabbitmq_cluster import (
+from saga.messaging.envelope import Envelope
+from tests.rig.rabbitmq_cluster import (
     RABBITMQ_BIN,
     RabbitCluster,
     rabbitmq_installed,
 )
-from saga.messaging.envelope import Envelope
 from tests.support import servers
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase

@@ -12,7 +12,7 @@ from saga.dashboard.app import DashboardConfig, create_app
 from saga.dashboard.databases import STATEMENT_TIMEOUT_S, Databases, ServiceDatabase
 from saga.dashboard.security import Guard
 from saga.db.connections import POOLED_POLLING
-from saga.examples.order_saga.pgbouncer_server import PgBouncerServer
+from tests.rig.pgbouncer_server import PgBouncerServer
 from tests.support.databases import TestDatabase
 from tests.support.wait import wait_until
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from consumers import ServiceRunner
+from saga.consumers import ServiceRunner
 from saga.messaging.envelope import Envelope
 from saga.messaging.signing import KEY_HEADER, SIGNATURE_HEADER, KeyRing
 from tests.support.brokers import RawMessage, TestBroker

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import GatewayClient
+from tests.rig.checker import check
 from tests.support.brokers import TestBroker
 from tests.support.example_cluster import services_in_threads
 

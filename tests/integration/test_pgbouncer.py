@@ -13,7 +13,7 @@ import pytest
 
 from saga import Outbox
 from saga.db.connections import DIRECT, POOLED_POLLING
-from saga.examples.order_saga.pgbouncer_server import PgBouncerServer
+from tests.rig.pgbouncer_server import PgBouncerServer
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase

@@ -7,7 +7,7 @@ import uuid
 
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.cluster import Cluster
-from saga.examples.order_saga.stuck_sagas import describe_stuck
+from tests.rig.stuck_sagas import describe_stuck
 
 
 def test_a_stuck_saga_is_described_by_the_traces_of_the_message_it_awaits(

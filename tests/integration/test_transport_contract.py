@@ -24,10 +24,10 @@ from saga import Outbox
 from saga.broker.redis.transport import REGISTRY
 from saga.broker.transport import BrokerConfig, Topology, declare_subscriptions
 from saga.consumers import DeliveryOutcome
-from saga.examples.order_saga.redis_server import RedisServer
 from saga.messaging.envelope import Envelope
 from saga.outbox_relay.claims import OutboxRow
 from saga.outbox_relay.publisher import BatchPublisher, PublishOutcome
+from tests.rig.redis_server import RedisServer
 from tests.support import sagas as trips
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli

@@ -18,10 +18,10 @@ class ChaosRun:
 
 
 def clean_chaos_run(*args: str, timeout: float = 900) -> ChaosRun:
-    """``python -m saga.examples.order_saga.chaos *args``: it must exit 0 with nothing lost,
+    """``python -m tests.rig.chaos *args``: it must exit 0 with nothing lost,
     duplicated or unconverged."""
     result = subprocess.run(
-        [sys.executable, "-m", "saga.examples.order_saga.chaos", *args],
+        [sys.executable, "-m", "tests.rig.chaos", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

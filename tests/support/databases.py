@@ -1,9 +1,8 @@
-"""Fresh PostgreSQL databases for tests, cloned from a migrated template."""
+"""Fresh PostgreSQL databases for tests, copied from saga.testing's migrated template."""
 
 from __future__ import annotations
 
 import getpass
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,9 +11,13 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
 
-from saga.db.schema import migrate
+from saga.testing.server import (
+    create_missing_database,
+    create_session_database,
+    database_name,
+    drop_database,
+)
 
 
 def with_credentials(url: str, user: str | None = None, password: str | None = None) -> str:
@@ -72,42 +75,32 @@ class TestDatabase:
 
 
 class DatabaseFactory:
-    """Creates databases from a template migrated once per test session."""
+    """Creates databases on the test server the way :mod:`saga.testing.server` does for the
+    harness: each a copy of the template it migrates once per set of migrations and keeps."""
 
     def __init__(self, admin_url: str) -> None:
         self.admin_url = admin_url
-        self.template = f"saga_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self._created: list[str] = []
-        self._admin("CREATE DATABASE {}", self.template)
-        with psycopg.connect(with_database(admin_url, self.template)) as conn:
-            migrate(conn, "saga")
-
-    def _admin(self, statement: str, name: str) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL(statement).format(sql.Identifier(name)))  # type: ignore[arg-type]
 
     def create(self) -> TestDatabase:
-        name = f"saga_t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(name), sql.Identifier(self.template)
-                )
-            )
-        self._created.append(name)
-        return TestDatabase(with_database(self.admin_url, name), name)
+        url = create_session_database(self.admin_url, "saga")
+        return self._track(url)
 
     def create_empty(self) -> TestDatabase:
-        name = f"saga_e_{uuid.uuid4().hex[:12]}"
-        self._admin("CREATE DATABASE {}", name)
+        url = with_database(self.admin_url, f"saga_empty_{uuid.uuid4().hex[:12]}")
+        create_missing_database(url)
+        return self._track(url)
+
+    def _track(self, url: str) -> TestDatabase:
+        name = database_name(url)
         self._created.append(name)
-        return TestDatabase(with_database(self.admin_url, name), name)
+        return TestDatabase(url, name)
 
     def drop(self, name: str) -> None:
-        self._admin("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
+        drop_database(self.admin_url, name)
 
     def close(self) -> None:
-        for name in [*self._created, self.template]:
+        for name in self._created:
             self.drop(name)
 
 

@@ -13,7 +13,7 @@ from saga.examples.order_saga import workload
 from saga.examples.order_saga.cluster import SERVICES, Cluster
 from saga.examples.order_saga.gateway import GatewayClient, GatewayServer
 from saga.examples.order_saga.processes import SagaProcess
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.supervisor import Supervisor
 from tests.support.brokers import TestBroker
 from tests.support.databases import DatabaseFactory, TestDatabase
 from tests.support.running import running_relay, stop_runner

@@ -44,8 +44,13 @@ LAYERS = [
 ]
 #: The one upward import: ``saga demo`` runs the example application (imported when run).
 RUNS_THE_EXAMPLE = ("saga.cli.demo", "saga.examples")
-#: The repository's top-level folders that install under the ``saga`` namespace.
-LINKED = ("consumers", "outbox_relay", "examples")
+#: The repository's top-level folders that install under the ``saga`` namespace
+#: (pyproject's package-dir), each with a module its bare name would load a second copy of.
+MAPPED = {
+    "consumers": "worker",
+    "outbox_relay": "relay",
+    "examples": "order_saga.cluster",
+}
 #: What the core (everything before ``saga.broker``) must never import.
 RUNTIME = ("kombu", "amqp", "saga.consumers", "saga.outbox_relay", "saga.examples")
 
@@ -60,7 +65,7 @@ def _layer(module: str) -> int:
 
 def _modules() -> list[tuple[str, Path]]:
     found = []
-    for top in ("saga", *LINKED):
+    for top in ("saga", *MAPPED):
         for path in sorted((ROOT / top).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             parts = parts if top == "saga" else ("saga", *parts)
@@ -108,14 +113,42 @@ def _top_layer(module: str) -> str:
 
 
 def _is_module(name: str) -> bool:
-    path = ROOT / name.replace(".", "/")  # saga/consumers is a link to consumers/
+    parts = name.split(".")
+    if parts[1:2] and parts[1] in MAPPED:
+        parts = parts[1:]  # saga.consumers is the folder consumers/
+    path = ROOT.joinpath(*parts)
     return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
-def test_the_linked_folders_install_under_the_saga_namespace() -> None:
-    for folder in LINKED:
-        link = ROOT / "saga" / folder
-        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+#: Run from the checkout's root (its folder on sys.path): the bare name of a mapped folder
+#: either fails to import or is the very module imported under ``saga``.
+ONE_NAME_PER_MODULE = """
+import importlib, sys
+installed = importlib.import_module(sys.argv[1])
+try:
+    bare = importlib.import_module(sys.argv[2])
+except ImportError as error:
+    print("refused:", error)
+else:
+    print("same" if bare is installed else "two copies")
+"""
+
+
+def test_a_mapped_folder_imports_under_one_name_from_the_checkout_root() -> None:
+    for folder, module in MAPPED.items():
+        bare = f"{folder}.{module}"
+        result = subprocess.run(
+            [sys.executable, "-c", ONE_NAME_PER_MODULE, f"saga.{bare}", bare],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        said = result.stdout.strip()
+        assert said == "same" or (
+            said.startswith("refused:") and f"import saga.{folder}" in said
+        ), f"{bare}: {said}"
+        assert not (ROOT / "saga" / folder).exists(), f"saga/{folder} shadows the mapping"
 
 
 def test_the_public_api_loads_no_broker_client() -> None:
@@ -175,7 +208,7 @@ def test_the_architecture_document_lists_every_package() -> None:
     documented = set(re.findall(r"^- `([a-z_/]+)/`", block, flags=re.M))
     packages = {"migrations"} | {
         str(init.parent.relative_to(ROOT))
-        for top in ("saga", *LINKED)
+        for top in ("saga", *MAPPED)
         for init in (ROOT / top).rglob("__init__.py")
     }
     assert documented == packages
@@ -307,10 +340,11 @@ def test_every_package_of_the_library_ships_in_the_wheel() -> None:
     listed = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
+    # The library's folders; examples/ ships the demo's packages alone (test_demo_wheel).
     found = {
-        ".".join(init.parent.relative_to(ROOT).parts)
-        for init in (ROOT / "saga").rglob("__init__.py")
-        if "__pycache__" not in init.parts and not init.parent.is_symlink()
+        name
+        for name, path in _modules()
+        if path.name == "__init__.py" and not name.startswith("saga.examples")
     }
     assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
 

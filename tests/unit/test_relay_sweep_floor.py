@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outbox_relay.sweep_floor import SweepFloor
+from saga.outbox_relay.sweep_floor import SweepFloor
 
 
 def test_the_first_sweep_reads_the_whole_index() -> None:

@@ -1,16 +1,16 @@
 """The fan-out run: N events to three subscribers while processes die and the broker
 restarts; then every subscriber's database must hold every event exactly once.
 
-    python -m saga.examples.fanout --broker rabbitmq --events 10000 [--save]
-    python -m saga.examples.fanout --broker postgres --events 10000 [--save]
+    python -m tests.rig.fanout --broker rabbitmq --events 10000 [--save]
+    python -m tests.rig.fanout --broker postgres --events 10000 [--save]
 
 ``rabbitmq``: a private RabbitMQ node (its own name, ports and data folder: a cluster of
-one, :mod:`saga.examples.order_saga.rabbitmq_cluster`) that the run kills with SIGKILL
+one, :mod:`tests.rig.rabbitmq_cluster`) that the run kills with SIGKILL
 and starts again;
 the databases are on the PostgreSQL of ``SAGA_FANOUT_DATABASE_URL`` (default: the local
 one; ``run(database_url=...)``), which is never restarted. ``postgres``: the PostgreSQL
 broker, its tables in a database of their own, and every database of the run on a
-private PostgreSQL cluster (:mod:`saga.examples.order_saga.postgres_server`) that the
+private PostgreSQL cluster (:mod:`tests.rig.postgres_server`) that the
 run crashes (immediate shutdown) and starts again. The shared servers are never
 restarted.
 
@@ -52,9 +52,9 @@ from saga.broker.transport import BrokerConfig, Topology, declare_subscriptions
 from saga.db.schema import migrate
 from saga.examples.fanout import services
 from saga.examples.fanout.services import SCHEMA, SUBSCRIBERS
-from saga.examples.order_saga.postgres_server import PostgresServer
-from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.postgres_server import PostgresServer
+from tests.rig.rabbitmq_cluster import RabbitCluster
+from tests.rig.supervisor import Supervisor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 BROKERS = ("rabbitmq", "postgres")

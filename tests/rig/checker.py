@@ -1,6 +1,6 @@
 """The invariant checker: run it against the example's databases, on its own.
 
-    python -m saga.examples.order_saga.checker --database-url 'postgresql://localhost/chaos_{service}'
+    python -m tests.rig.checker --database-url 'postgresql://localhost/chaos_{service}'
 
 It classifies every command a saga sent as delivered, lost, duplicated (its
 effect applied more than once) or unexpected (an effect no saga step accounts

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from saga.examples.order_saga.redis_server import free_port
+from tests.rig.redis_server import free_port
 
 POSTGRES_ROOT = Path("/usr/lib/postgresql")
 

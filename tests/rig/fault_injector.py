@@ -18,8 +18,8 @@ import psycopg
 from saga.examples.order_saga.cluster import SERVICES, Cluster
 from saga.examples.order_saga.gateway import GatewayClient
 from saga.examples.order_saga.orders import OrderData, create_order
-from saga.examples.order_saga.private_servers import PrivateServers
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.private_servers import PrivateServers
+from tests.rig.supervisor import Supervisor
 
 GATEWAY_OUTAGE_S = 5.0
 BROKER_URL = os.environ.get("SAGA_CHAOS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")

@@ -1,6 +1,6 @@
 """The workload driver as a process of its own (chaos runs): submits orders over time.
 
-    python -m saga.examples.order_saga.submitter --database-url URL --orders 600 --seconds 120
+    python -m tests.rig.submitter --database-url URL --orders 600 --seconds 120
 
 Each order starts a saga keyed by its order id, so a driver killed halfway
 and started again submits everything again without creating a saga twice.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from saga.examples.order_saga.chaos import BROKERS, _deck, kinds_of
+from tests.rig.chaos import BROKERS, _deck, kinds_of
 
 SHARED = {"restart_rabbitmq", "restart_postgres"}
 

@@ -16,7 +16,7 @@ from its own data folder.
 
 Run it alone to get a cluster for a while::
 
-    python -m saga.examples.order_saga.rabbitmq_cluster --seconds 600
+    python -m tests.rig.rabbitmq_cluster --seconds 600
 """
 
 from __future__ import annotations

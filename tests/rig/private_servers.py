@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg import sql
 
-from saga.examples.order_saga.pgbouncer_server import PgBouncerServer
-from saga.examples.order_saga.postgres_server import PostgresServer
-from saga.examples.order_saga.rabbitmq_cluster import RabbitCluster
-from saga.examples.order_saga.redis_server import RedisServer
+from tests.rig.pgbouncer_server import PgBouncerServer
+from tests.rig.postgres_server import PostgresServer
+from tests.rig.rabbitmq_cluster import RabbitCluster
+from tests.rig.redis_server import RedisServer
 
 ADMIN_URL = os.environ.get(
     "SAGA_CHAOS_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

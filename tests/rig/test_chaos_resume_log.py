@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from saga.examples.order_saga.stuck_sagas import automatic_resumes
+from tests.rig.stuck_sagas import automatic_resumes
 
 ONE = "01a2376e-70a6-7244-a3da-1bae1e3868db"
 TWO = "01a2376e-770e-7223-aa28-cc59e7c7a19a"

@@ -25,7 +25,7 @@ are never restarted in these modes.
 ``--broker postgres`` runs on the framework's PostgreSQL transport, its messages in a
 database of their own (``chaos_<run>_broker``). Every database of the run, the broker's
 and the services', lives on a private PostgreSQL (its own cluster and port, see
-:mod:`saga.examples.order_saga.postgres_server`) that the deck crashes (immediate shutdown)
+:mod:`tests.rig.postgres_server`) that the deck crashes (immediate shutdown)
 and starts again (``restart_private_postgres``); the shared servers are never restarted.
 The deck also kills and pauses processes (a consumer killed holding a batch: its messages
 come back when the lease of :data:`POSTGRES_LEASE_S` seconds ends), leaves transactions
@@ -33,7 +33,7 @@ idle and takes the gateway down. Nothing may be lost or handled twice, with no o
 action but the replay.
 
 ``--broker rabbitmq-cluster`` runs on a private three-node RabbitMQ cluster (see
-:mod:`saga.examples.order_saga.rabbitmq_cluster`) with quorum queues, every process given
+:mod:`tests.rig.rabbitmq_cluster`) with quorum queues, every process given
 the three nodes' URLs. The deck SIGKILLs one node and starts it again
 (``kill_rabbitmq_node``, twice a deck, a different node each time: the others keep the
 quorum, and the clients fail over to them) besides killing and pausing processes,
@@ -50,7 +50,7 @@ lines as above, then one summary line (the soak)::
 
 ``--pgbouncer`` puts every database URL of the services, the relays, the driver and a
 PostgreSQL broker through a private PgBouncer in transaction mode (see
-:mod:`saga.examples.order_saga.pgbouncer_server`) in front of the run's PostgreSQL: the
+:mod:`tests.rig.pgbouncer_server`) in front of the run's PostgreSQL: the
 processes run with ``SAGA_POOLER=transaction`` and ``SAGA_WAKEUPS=poll``, and PostgreSQL
 restarts behind the pooler. ``--processes N`` runs N relays and N consumers per service
 (as if on N hosts): per-saga order and exactly-once must hold across them.
@@ -79,21 +79,21 @@ import psycopg
 
 from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.examples.order_saga import workload
-from saga.examples.order_saga.checker import check
 from saga.examples.order_saga.cluster import SERVICES, Cluster
-from saga.examples.order_saga.fault_injector import (
+from saga.examples.order_saga.gateway import GatewayClient
+from saga.examples.order_saga.processes import SAGA
+from tests.rig.checker import check
+from tests.rig.fault_injector import (
     BROKER_URL,
     RABBITMQ_PORT,
     FaultInjector,
     wait_port,
 )
-from saga.examples.order_saga.gateway import GatewayClient
-from saga.examples.order_saga.operator import BulkResume, replay_held
-from saga.examples.order_saga.private_servers import PrivateServers
-from saga.examples.order_saga.processes import SAGA
-from saga.examples.order_saga.redis_server import RedisServer
-from saga.examples.order_saga.stuck_sagas import automatic_resumes, describe_stuck
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.operator import BulkResume, replay_held
+from tests.rig.private_servers import PrivateServers
+from tests.rig.redis_server import RedisServer
+from tests.rig.stuck_sagas import automatic_resumes, describe_stuck
+from tests.rig.supervisor import Supervisor
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 KINDS = (
@@ -229,7 +229,7 @@ def _commands(
     commands.append(
         (
             "driver",
-            [sys.executable, "-m", "saga.examples.order_saga.submitter", "--database-url",
+            [sys.executable, "-m", "tests.rig.submitter", "--database-url",
              system.database_urls["orders"], "--orders", str(sagas), "--seconds",
              str(duration * 0.8), "--seed", str(seed), "--prefix", f"c{run_id}",
              *(["--behind-pooler"] if system.access.pooled else [])],

@@ -6,7 +6,7 @@ is the same database reached through the pooler. ``pool_mode = transaction``: a
 server connection serves another client after every transaction, which is what a
 framework behind PgBouncer must survive (no prepared statements, no session state,
 no LISTEN). Debian's PgBouncer 1.18 refuses to run as root: as root it runs as the
-``postgres`` user, like :mod:`saga.examples.order_saga.postgres_server`.
+``postgres`` user, like :mod:`tests.rig.postgres_server`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from saga.examples.order_saga.redis_server import free_port
+from tests.rig.redis_server import free_port
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 
