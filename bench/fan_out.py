@@ -29,7 +29,7 @@ from bench.environment import ADMIN_URL, AMQP_URL, ScratchDatabase, machine
 from bench.statement_log import log_window, parse
 from saga.examples.order_saga.cluster import delete_queues
 from saga.examples.order_saga.processes import saga_env
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.supervisor import Supervisor
 
 APP = "bench._fan_out_app"
 SIZES = """SELECT pg_column_size(data), pg_column_size(step_state), status
