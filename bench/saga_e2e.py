@@ -114,11 +114,15 @@ class Bench:
             ]  # fmt: skip
             commands.append((name, consumer, self.system.env(service)))
         self.supervisor = Supervisor(commands, work_dir)
-        self._wait_for_metrics()
         self.submitted = 0
         #: The order-id prefix of the last batch started.
         self.last_batch = ""
         self._backlog = 0
+        try:
+            self._wait_for_metrics()
+        except BaseException:  # the caller gets no Bench to close: leave nothing running
+            self.close()
+            raise
 
     def close(self) -> None:
         self.supervisor.stop()
