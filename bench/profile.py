@@ -88,6 +88,11 @@ class CpuSnapshot:
         self.by_component[DRIVER] += process_cpu(os.getpid())
         self.busy, self.total = machine_busy()
 
+    def system_seconds(self) -> float:
+        """CPU seconds of the system's processes (services, relays, PostgreSQL, RabbitMQ):
+        every component but the driver."""
+        return sum(s for name, s in self.by_component.items() if name != DRIVER)
+
 
 class StackSampler:
     """py-spy sampling one process until stopped; returns collapsed stacks."""

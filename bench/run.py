@@ -30,6 +30,7 @@ from bench import (
     peer_dbos,
     pg_broker,
     pg_broker_soak,
+    profile,
     relay_throughput,
     report,
     saga_e2e,
@@ -242,10 +243,18 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
         try:
             with console.status(f"order saga, full load: {args.sagas} sagas"):
                 bench.measure(min(300, args.sagas))  # warm up
+                cpu_before = profile.CpuSnapshot(bench)
                 full = bench.measure(args.sagas)
+                cpu_full = profile.CpuSnapshot(bench).system_seconds() - cpu_before.system_seconds()
             half_rate = full.sagas_per_s / 2
+            half_sagas = max(100, int(half_rate * args.half_seconds))
             with console.status(f"order saga, half load: {half_rate:.0f} sagas/s"):
-                half = bench.measure(max(100, int(half_rate * args.half_seconds)), rate=half_rate)
+                cpu_before = profile.CpuSnapshot(bench)
+                half_e2e = saga_e2e.end_to_end(bench, half_rate, half_sagas)
+                cpu_half = profile.CpuSnapshot(bench).system_seconds() - cpu_before.system_seconds()
+            half = half_e2e.measurement
+            with console.status(f"order saga, idle: {args.idle_sagas} sagas, 1 a second"):
+                idle_e2e = saga_e2e.end_to_end(bench, 1.0, args.idle_sagas)
             rss = bench.consumer_rss_mb()
             grown = None
             if args.growth_rows:
@@ -255,6 +264,7 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
                     grown = bench.measure(args.sagas)
         finally:
             bench.close()
+    cpu_ratio = (cpu_half / half_sagas) / (cpu_full / args.sagas)
     figures |= {
         "sagas_per_s": round(full.sagas_per_s, 1),
         "steps_per_s": round(full.steps_per_s),
@@ -266,6 +276,11 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
         "half_load_latency_ms_p95": half.latency_ms["p95"],
         "half_load_latency_ms_p99": half.latency_ms["p99"],
         "consumer_rss_mb": round(rss, 1),
+        "e2e_idle_ms_p50": idle_e2e.duration_ms["p50"],
+        "e2e_idle_ms_p99": idle_e2e.duration_ms["p99"],
+        "e2e_half_ms_p50": half_e2e.duration_ms["p50"],
+        "e2e_half_ms_p99": half_e2e.duration_ms["p99"],
+        "half_cpu_per_saga_ratio": round(cpu_ratio, 3),
     }
     rows = [
         (
@@ -282,6 +297,25 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
             f"commit-to-consume latency, half load ({half.sagas_per_s:,.0f} sagas/s)",
             _latency(half),
             "targets: p50 < 10 ms, p99 < 50 ms",
+        ),
+        (
+            f"order saga end to end, idle ({args.idle_sagas} sagas, 1 a second)",
+            _durations(idle_e2e),
+            "finished_at - started_at of each saga, started one per transaction",
+        ),
+        (
+            f"order saga end to end, half load ({half.sagas_per_s:,.0f} sagas/s)",
+            _durations(half_e2e),
+            f"{half_e2e.duration_ms['p50'] / idle_e2e.duration_ms['p50']:.1f}x idle p50, "
+            f"{half_e2e.duration_ms['p99'] / idle_e2e.duration_ms['p99']:.1f}x idle p99 "
+            "(targets: at most 2x, 4x)",
+        ),
+        (
+            "CPU per saga at half load over full load",
+            f"{cpu_ratio:.2f}",
+            f"every process but the driver (services, relays, PostgreSQL, RabbitMQ): "
+            f"{1000 * cpu_half / half_sagas:.1f} vs {1000 * cpu_full / args.sagas:.1f} ms "
+            "per saga (target: at most 1.4)",
         ),
         ("resident memory of one consumer (orders)", f"{rss:,.0f} MB", "after the runs above"),
     ]
@@ -301,6 +335,10 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
 
 def _latency(m: saga_e2e.Measurement) -> str:
     return " / ".join(f"{k} {v:,.1f} ms" for k, v in m.latency_ms.items())
+
+
+def _durations(e2e: saga_e2e.EndToEnd) -> str:
+    return " / ".join(f"{k} {v:,.1f} ms" for k, v in e2e.duration_ms.items())
 
 
 def _saga_sql(args: argparse.Namespace, figures: Figures) -> list[Row]:
@@ -478,6 +516,9 @@ def main() -> None:
     parser.add_argument("--sagas", type=int, default=3_000, help="order sagas at full load")
     parser.add_argument(
         "--half-seconds", type=float, default=15, help="length of the half-load run"
+    )
+    parser.add_argument(
+        "--idle-sagas", type=int, default=45, help="sagas of the idle run, one a second"
     )
     parser.add_argument(
         "--growth-rows",

@@ -11,10 +11,15 @@ right after committing stamps the commit time on them; for rows a relay
 published (the saga starts, written by the driver) the clock starts earlier, at
 the message's creation, which overstates their latency. Half load: the same, with orders
 paced at half the full-load rate.
+
+End to end (:func:`end_to_end`): sagas started one per transaction at a steady pace, each
+saga's ``finished_at - started_at`` read from the orders database, p50/p99: at about one
+saga a second (idle) and at half the full-load rate.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 import urllib.request
 import uuid
@@ -44,6 +49,27 @@ class Measurement:
     batch_mean: dict[str, float]
     #: Consumer transactions (batches) committed, every consumer together.
     transactions: float
+
+
+@dataclass
+class EndToEnd:
+    """Sagas started one per transaction at a steady pace: each one's duration."""
+
+    rate: float
+    sagas: int
+    #: ``finished_at - started_at`` of each saga, in milliseconds: p50, p99.
+    duration_ms: dict[str, float]
+    measurement: Measurement
+
+
+def end_to_end(bench: Bench, rate: float, sagas: int) -> EndToEnd:
+    """Start ``sagas`` one per transaction at ``rate`` a second on ``bench`` (whichever
+    system it runs) and read each one's ``finished_at - started_at`` from its database."""
+    measured = bench.measure(sagas, rate=rate)
+    durations = bench.durations_ms(bench.last_batch)
+    if len(durations) != sagas:
+        raise RuntimeError(f"{len(durations)} sagas of the batch found, {sagas} started")
+    return EndToEnd(rate, sagas, _exact_percentiles(durations), measured)
 
 
 class Bench:
@@ -88,9 +114,15 @@ class Bench:
             ]  # fmt: skip
             commands.append((name, consumer, self.system.env(service)))
         self.supervisor = Supervisor(commands, work_dir)
-        self._wait_for_metrics()
         self.submitted = 0
+        #: The order-id prefix of the last batch started.
+        self.last_batch = ""
         self._backlog = 0
+        try:
+            self._wait_for_metrics()
+        except BaseException:  # the caller gets no Bench to close: leave nothing running
+            self.close()
+            raise
 
     def close(self) -> None:
         self.supervisor.stop()
@@ -144,12 +176,21 @@ class Bench:
         self.supervisor.resume("orders-relay")
         return self._finished(orders, started, before, before_steps)
 
+    def durations_ms(self, batch: str) -> list[float]:
+        """``finished_at - started_at`` in milliseconds of every finished saga of ``batch``."""
+        with self.system.connect("orders") as conn:
+            rows = conn.execute(
+                "SELECT extract(epoch FROM finished_at - started_at) * 1000 "
+                "FROM saga.saga_instances "
+                "WHERE data->>'order_id' LIKE %s || '-%%' AND finished_at IS NOT NULL",
+                (batch,),
+            ).fetchall()
+        return [float(row[0]) for row in rows]
+
     def _new_orders(self, orders: int) -> list[OrderData]:
+        self.last_batch = f"b{self.submitted}"
         batch = workload.make_orders(
-            orders,
-            workload.FailureRates(0, 0, 0, 0),
-            seed=self.submitted,
-            prefix=f"b{self.submitted}",
+            orders, workload.FailureRates(0, 0, 0, 0), seed=self.submitted, prefix=self.last_batch
         )
         self.submitted += orders
         return batch
@@ -296,3 +337,9 @@ def _percentiles(cumulative: dict[float, float]) -> dict[str, float]:
             lower, below = bound, count
         result[name] = round(value, 2)
     return result
+
+
+def _exact_percentiles(values: list[float]) -> dict[str, float]:
+    """p50/p99 of raw values (interpolated between the nearest two)."""
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": round(cuts[49], 2), "p99": round(cuts[98], 2)}

@@ -478,7 +478,9 @@ class DeliveryBatchProcessor:
         finally:
             if self.metrics is not None:
                 retries = int(retrying.statistics.get("attempt_number", 1))
-                self.metrics.retries.labels(self.service.name, "immediate").inc(retries)
+                self.metrics.series(self.metrics.retries, self.service.name, "immediate").inc(
+                    retries
+                )
 
     def _technical_failure(
         self,
@@ -497,20 +499,21 @@ class DeliveryBatchProcessor:
         if metrics is None:
             return
         consumer = self.service.name
-        metrics.batch_size.labels(consumer).observe(batch_size)
+        metrics.series(metrics.batch_size, consumer).observe(batch_size)
         committed = time.time()
-        latency = metrics.delivery_latency.labels(consumer)
+        latency = metrics.series(metrics.delivery_latency, consumer)
         for created in self._staged.created:
             latency.observe(committed - created)
+        handle_seconds = metrics.series(metrics.handle_seconds, consumer)
         for outcome, seconds in self._staged.handled:
-            metrics.handled.labels(consumer, outcome.value).inc()
-            metrics.handle_seconds.labels(consumer).observe(seconds)
+            metrics.series(metrics.handled, consumer, outcome.value).inc()
+            handle_seconds.observe(seconds)
             if outcome is DeliveryOutcome.RETRY_SCHEDULED:
-                metrics.retries.labels(consumer, "delayed").inc()
+                metrics.series(metrics.retries, consumer, "delayed").inc()
             elif outcome is DeliveryOutcome.DEAD_LETTERED:
-                metrics.dead_lettered.labels(consumer, "failed").inc()
+                metrics.series(metrics.dead_lettered, consumer, "failed").inc()
             elif outcome is DeliveryOutcome.REJECTED:
-                metrics.dead_lettered.labels(consumer, "rejected").inc()
+                metrics.series(metrics.dead_lettered, consumer, "rejected").inc()
 
     @contextmanager
     def _conflicts_end_the_batch(self) -> Iterator[None]:

@@ -69,9 +69,10 @@ ON CONFLICT DO NOTHING
 #: Leased to the consumer (:mod:`saga.messaging.leases`) when given a lease, else ready
 #: for the relays at once (``now() + NULL`` is NULL).
 _ANSWER_AGAIN = """
-INSERT INTO {schema}.outbox (message_id, destination, message_type, saga_id, body, deliver_after)
-SELECT reply_id, destination, message_type, saga_id, body, statement_timestamp() + %s::interval
-FROM {schema}.inbox_replies
+INSERT INTO {schema}.outbox
+    (message_id, destination, message_type, saga_id, body, deliver_after, leased)
+SELECT reply_id, destination, message_type, saga_id, body, lease.until, lease.until IS NOT NULL
+FROM {schema}.inbox_replies, (SELECT statement_timestamp() + %s::interval AS until) AS lease
 WHERE consumer = %s AND message_id = ANY(%b::uuid[])
 RETURNING id, message_id, destination, message_type, body
 """

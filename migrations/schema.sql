@@ -11,7 +11,8 @@ CREATE TABLE outbox (
     created_at    timestamptz NOT NULL DEFAULT now(),
     deliver_after timestamptz,
     attempts      integer     NOT NULL DEFAULT 0,
-    last_error    text
+    last_error    text,
+    leased        boolean     NOT NULL DEFAULT false  -- its writer publishes it until deliver_after
 );
 
 -- The relay claims ready rows in id order; scheduled rows wait in their own index

@@ -52,8 +52,9 @@ RETURNING id
 #: until the lease ends; the insert hands back what publishing them takes.
 _INSERT_LEASED = """
 INSERT INTO {schema}.outbox
-    (message_id, destination, message_type, saga_id, body, deliver_after)
-SELECT message_id, destination, message_type, saga_id, body, statement_timestamp() + %s::interval
+    (message_id, destination, message_type, saga_id, body, deliver_after, leased)
+SELECT message_id, destination, message_type, saga_id, body, statement_timestamp() + %s::interval,
+       true
 FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[])
     AS v(message_id, destination, message_type, saga_id, body)
 RETURNING id, message_id, destination, message_type, body
@@ -62,8 +63,8 @@ RETURNING id, message_id, destination, message_type, body
 #: The same for one row, with plain values (dumping arrays costs the client more).
 _INSERT_LEASED_ONE = """
 INSERT INTO {schema}.outbox
-    (message_id, destination, message_type, saga_id, body, deliver_after)
-VALUES (%s, %s, %s, %s, %s, statement_timestamp() + %s::interval)
+    (message_id, destination, message_type, saga_id, body, deliver_after, leased)
+VALUES (%s, %s, %s, %s, %s, statement_timestamp() + %s::interval, true)
 RETURNING id, message_id, destination, message_type, body
 """
 

@@ -45,12 +45,16 @@ LATENCY_BUCKETS = (
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
+#: A labelled metric family of :class:`Metrics`.
+_Family = Counter | Histogram
+
 
 class Metrics:
     """The metrics of one process, in a registry of their own."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._series: dict[tuple[_Family, tuple[str, ...]], Any] = {}
         r = self.registry
         self.published = Counter("saga_relay_published", "Outbox rows published.", registry=r)
         self.publish_failures = Counter(
@@ -100,6 +104,16 @@ class Metrics:
             ["event_type"],
             registry=r,
         )
+
+    def series(self, family: _Family, *labels: str) -> Any:
+        """The series of ``family`` with these label values, looked up once: prometheus'
+        ``labels()`` validates and locks on every call, which a consumer would pay several
+        times per delivery."""
+        key = (family, labels)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = family.labels(*labels)
+        return found
 
     def count_unrouted(self, event_types: list[str]) -> None:
         """One unrouted event per item of ``event_types``."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import Token
+from typing import Any
 
 try:
     from opentelemetry import context as otel_context
@@ -73,8 +75,12 @@ def span(
     if not records_spans():
         # No SDK in this process: no span records anything. Carry the caller's trace
         # context through, so messages sent meanwhile continue its trace.
-        with _continued(headers):
+        token = _attach(headers)
+        try:
             yield
+        finally:
+            if token is not None:
+                otel_context.detach(token)
         return
     parent = propagate.extract(dict(headers)) if headers else None
     kind = trace.SpanKind.CONSUMER if headers is not None else trace.SpanKind.INTERNAL
@@ -84,17 +90,13 @@ def span(
         yield
 
 
-@contextmanager
-def _continued(headers: Mapping[str, str] | None) -> Iterator[None]:
-    """The trace context carried by ``headers`` made current, if they carry one."""
+def _attach(headers: Mapping[str, str] | None) -> Token[Any] | None:
+    """Make the trace context carried by ``headers`` current, if they carry one; the token
+    to detach it with (None: nothing attached). A plain call, not a context manager: it
+    runs for every delivery."""
     if not headers or TRACEPARENT not in headers or otel_context is None:
-        yield
-        return
-    token = otel_context.attach(propagate.extract(dict(headers)))
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
+        return None
+    return otel_context.attach(propagate.extract(dict(headers)))
 
 
 def _value(value: object) -> AttributeValue:

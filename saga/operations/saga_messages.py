@@ -17,9 +17,13 @@ SELECT consumer, message_id, reply_id, destination, message_type, sent_at
 FROM {schema}.inbox_replies WHERE saga_id = %s ORDER BY sent_at, reply_id
 """
 
+#: Not a row its writer still holds under a live lease: that one waits for nothing (its
+#: writer publishes it right after its commit, and deletes it a little later).
 _PENDING = """
 SELECT message_id, destination, message_type, created_at, deliver_after, attempts, last_error
-FROM {schema}.outbox WHERE saga_id = %s ORDER BY id
+FROM {schema}.outbox
+WHERE saga_id = %s AND NOT (leased AND deliver_after > statement_timestamp())
+ORDER BY id
 """
 
 _RECEIVED = """
@@ -42,7 +46,8 @@ class SentReply:
 
 @dataclass(frozen=True, slots=True)
 class PendingMessage:
-    """A message of the saga still in the outbox (not yet published, or scheduled)."""
+    """A message of the saga waiting in the outbox: for the relays, or for its time (not
+    one its writer holds under a live lease)."""
 
     message_id: UUID
     destination: str

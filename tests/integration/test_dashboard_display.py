@@ -1,7 +1,8 @@
 """What the dashboard's pages say must be true, over a real PostgreSQL through its ASGI
 app: a held saga is not finished, a completed one shows no error banner, a hold is
 drawn as a wait and not as the step's duration, a step's tries are counted truly, a
-dry run warns of letters that will be rejected again, and empty sections are not shown.
+dry run warns of letters that will be rejected again, empty sections are not shown, and
+a row its writer holds under a live lease is not shown as waiting in an outbox.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from datetime import UTC, datetime, timedelta
 from html import unescape
 
 import pytest
+from pydantic import BaseModel
 from starlette.testclient import TestClient
 
 from saga.dashboard.app import DashboardConfig, create_app
 from saga.dashboard.databases import Databases, ServiceDatabase
 from saga.dashboard.security import Guard
+from saga.messaging.leases import Leases, leasing
+from saga.messaging.outbox import Outbox
 from tests.support.dashboard import TOKEN, dashboard_client, dead_letter
 from tests.support.databases import DatabaseFactory, TestDatabase
 
@@ -208,3 +212,43 @@ def test_empty_sections_are_not_shown(db: TestDatabase, database_factory: Databa
     found = re.search(r'id="quiet-services">(.*?)</p>', overview, re.S)
     assert found and "bank, shop" in found.group(1)
     assert "Waiting in an outbox" not in page
+
+
+class LeaseLive(BaseModel):
+    pass
+
+
+class LeaseLapsed(BaseModel):
+    pass
+
+
+class HeldBack(BaseModel):
+    pass
+
+
+def test_a_row_under_a_live_lease_is_not_shown_as_waiting_in_an_outbox(
+    db: TestDatabase, dashboard: TestClient
+) -> None:
+    """A consumer publishes the rows it leased right after its commit and deletes them a
+    little later: until the lease ends such a row waits for nothing. A row whose lease
+    lapsed waits for the relays, and a row held back waits for its time: both are shown."""
+    saga_id = _saga(db, "running", started=datetime.now(UTC), step="charge")
+    outbox = Outbox("saga")
+    with db.connect() as conn:
+        with leasing(Leases(timedelta(minutes=5))):
+            outbox.add(conn, LeaseLive(), destination="bank", saga_id=saga_id)
+        with leasing(Leases()):
+            lapsed = outbox.add(conn, LeaseLapsed(), destination="bank", saga_id=saga_id)
+        outbox.add(
+            conn, HeldBack(), destination="bank", saga_id=saga_id, deliver_after=timedelta(hours=1)
+        )
+        conn.execute(  # the short lease has lapsed: the relays take the row now
+            "UPDATE saga.outbox SET deliver_after = now() - interval '1 second' "
+            "WHERE message_id = %s",
+            (lapsed,),
+        )
+    page = dashboard.get(f"/sagas/trips/{saga_id}").text
+    pending = re.search(r'<table id="pending">(.*?)</table>', page, re.S)
+    assert pending, page
+    assert "LeaseLapsed" in pending.group(1) and "HeldBack" in pending.group(1)
+    assert "LeaseLive" not in pending.group(1)
