@@ -26,6 +26,7 @@ from saga.cli.common import (
     settings_from,
 )
 from saga.cli.durations import parse_duration
+from saga.cli.sagas import step_text
 from saga.cli.text import foreign
 from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaStatus
@@ -123,7 +124,11 @@ def stats(
     )
     for s in figures.stuck:
         console.print(
-            foreign(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}"), soft_wrap=True
+            foreign(
+                f"  {s['id']}  {s['name']}  {s['status']} at "
+                f"{step_text(s['step'], s['waiting_on'])}"
+            ),
+            soft_wrap=True,
         )
     if figures.unrouted_events:
         _print_unrouted(figures.unrouted_events)

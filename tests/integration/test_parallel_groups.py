@@ -4,6 +4,7 @@ a failed member compensating what its siblings and the steps before did, once ea
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
 from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL
@@ -175,3 +177,43 @@ def test_a_failed_member_undoes_its_siblings_and_the_steps_before_once_each(
         # the stock reservation may answer after the failure: its late success is undone
         wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
     assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)
+
+
+def test_saga_list_and_stats_name_every_member_still_out(db: TestDatabase) -> None:
+    with db.connect() as conn:
+        registry.check_versions(conn)  # records the shape, as a connecting consumer does
+    saga_id = start(db, Order(order_id="o3"))  # no participant runs: both members stay out
+
+    listed = json.loads(saga_cli(db.url, "list", "--json").stdout)
+    assert [(s["step"], s["waiting_on"]) for s in listed] == [
+        ("reserve", ["reserve_stock", "reserve_credit"])
+    ]
+    table = saga_cli(db.url, "list").stdout
+    assert "reserve: reserve_stock, reserve_credit" in table
+    stats = json.loads(saga_cli(db.url, "stats", "--stuck-after", "0s", "--json").stdout)
+    assert [s["waiting_on"] for s in stats["stuck"]] == [["reserve_stock", "reserve_credit"]]
+    shown = saga_cli(db.url, "show", str(saga_id)).stdout
+    assert "waiting on: reserve_stock, reserve_credit" in shown
+
+
+def test_saga_show_draws_the_members_as_one_group(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, Order(order_id="o4"))
+        settled(db, saga_id, "completed")
+
+    shown = json.loads(saga_cli(db.url, "show", str(saga_id), "--json").stdout)
+    groups = {entry["step"]: entry["group"] for entry in shown["timeline"]}
+    assert groups == {
+        "open": None,
+        "reserve_stock": "reserve",
+        "reserve_credit": "reserve",
+        "note": "reserve",
+        "confirm": None,
+    }
+    lines = saga_cli(db.url, "show", str(saga_id)).stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "⫴ reserve (at once)" in line)
+    members = [line for line in lines[header + 1 : header + 4] if "├" in line]
+    assert len(members) == 3
+    assert not any("├" in line and "confirm" in line for line in lines)
