@@ -56,11 +56,11 @@ def data_fingerprint(data: dict[str, Any]) -> str:
 
 def waiting_on(step: str | None, step_state: dict[str, Any]) -> list[str]:
     """The steps a saga at ``step`` waits on: a parallel group's members still out (their
-    messages still awaited, in the group's order), else the step itself."""
+    messages still awaited, in the order they were sent), else the step itself."""
     members = step_state.get("members")
     if members:
-        awaits = set(step_state.get("awaits", ()))
-        return [name for name, entry in members.items() if entry["message"] in awaits]
+        member_of = {entry["message"]: name for name, entry in members.items()}
+        return [member_of[m] for m in step_state.get("awaits", ()) if m in member_of]
     return [step] if step else []
 
 
