@@ -14,6 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
+from saga.engine.state import waiting_on
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
@@ -148,6 +149,12 @@ def settled(db: TestDatabase, saga_id: UUID, status: str) -> None:
     wait_until(lambda: db.scalar(query, (saga_id,)) == status, timeout=30, what=status)
 
 
+def members_out(db: TestDatabase, saga_id: UUID) -> list[str]:
+    query = "SELECT step, step_state FROM saga.saga_instances WHERE id = %s"
+    (row,) = db.rows(query, (saga_id,))
+    return waiting_on(*row)
+
+
 def effects(db: TestDatabase) -> Counter[str]:
     return Counter(r[0] for r in db.rows("SELECT kind FROM public.effects"))
 
@@ -217,3 +224,19 @@ def test_saga_show_draws_the_members_as_one_group(
     members = [line for line in lines[header + 1 : header + 4] if "├" in line]
     assert len(members) == 3
     assert not any("├" in line and "confirm" in line for line in lines)
+
+
+def test_saga_resume_sends_again_only_the_member_still_out(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    saga_id = start(db, Order(order_id="o5"))
+    db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
+    with orders_running(db, shared_event_broker):
+        wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
+        waiting = json.loads(saga_cli(db.url, "list", "--json").stdout)[0]["waiting_on"]
+        assert waiting == ["reserve_credit"]
+
+        resumed = saga_cli(db.url, "resume", str(saga_id), "--stuck-after", "0s")
+        assert resumed.returncode == 0, resumed.stderr
+        settled(db, saga_id, "completed")
+    assert effects(db) == Counter(open=1, stock=1, credit=1, note=1, confirm=1)
