@@ -240,3 +240,22 @@ def test_saga_resume_sends_again_only_the_member_still_out(
         assert resumed.returncode == 0, resumed.stderr
         settled(db, saga_id, "completed")
     assert effects(db) == Counter(open=1, stock=1, credit=1, note=1, confirm=1)
+
+
+def test_saga_cancel_at_a_group_compensates_every_member_once_all_have_answered(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    saga_id = start(db, Order(order_id="o6"))
+    db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
+    with orders_running(db, shared_event_broker):
+        wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
+        cancelled = saga_cli(db.url, "cancel", str(saga_id))
+        assert cancelled.returncode == 0, cancelled.stderr
+        # the cancel waits for the member still out: resumed, it answers, then all compensate
+        resumed = saga_cli(db.url, "resume", str(saga_id), "--stuck-after", "0s")
+        assert resumed.returncode == 0, resumed.stderr
+        settled(db, saga_id, "compensated")
+        wait_until(lambda: effects(db)["close"] == 1, timeout=30, what="order closed")
+    assert effects(db) == Counter(
+        open=1, stock=1, credit=1, note=1, release_stock=1, release_credit=1, close=1
+    )
