@@ -26,6 +26,7 @@ from tests.support.wait import wait_until
 class Order(BaseModel):
     order_id: str
     credit_fails: bool = False
+    credit_breaks: bool = False
     stock_ref: str | None = None
 
 
@@ -44,6 +45,7 @@ class ReleaseStock(BaseModel):
 class ReserveCredit(BaseModel):
     order_id: str
     credit_fails: bool
+    credit_breaks: bool = False
 
 
 class ReleaseCredit(BaseModel):
@@ -112,6 +114,8 @@ def release_stock(tx: Tx, cmd: ReleaseStock, ctx: HandlerContext) -> None:
 def reserve_credit(tx: Tx, cmd: ReserveCredit, ctx: HandlerContext) -> None:
     if cmd.credit_fails:
         raise StepFailed("no credit")
+    if cmd.credit_breaks:
+        raise RuntimeError("the credit service has a bug")  # retried, then a dead letter
     effect(tx, "credit", cmd.order_id)
 
 
@@ -258,4 +262,22 @@ def test_saga_cancel_at_a_group_compensates_every_member_once_all_have_answered(
         wait_until(lambda: effects(db)["close"] == 1, timeout=30, what="order closed")
     assert effects(db) == Counter(
         open=1, stock=1, credit=1, note=1, release_stock=1, release_credit=1, close=1
+    )
+
+
+def test_a_dead_lettered_member_compensates_and_its_replay_is_refused_as_superseded(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, Order(order_id="o7", credit_breaks=True))
+        settled(db, saga_id, "compensated")
+        wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
+        (letter,) = json.loads(saga_cli(db.url, "dlq", "list", "--json").stdout)
+        assert letter["message_type"] == "ReserveCredit"
+
+        replayed = saga_cli(db.url, "dlq", "replay", str(letter["id"]))
+        assert "superseded" in replayed.stdout + replayed.stderr, replayed
+    # the member whose outcome was unknown was compensated too; nothing ran it again
+    assert effects(db) == Counter(
+        open=1, note=1, stock=1, release_stock=1, release_credit=1, close=1
     )
