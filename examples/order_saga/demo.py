@@ -28,6 +28,7 @@ from saga.engine.store import SagaStore
 from saga.examples.order_saga import invariants, workload
 from saga.examples.order_saga.cluster import SERVICES, Cluster
 from saga.examples.order_saga.processes import SagaProcess
+from saga.operations.branches import branches
 
 console = Console()
 WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))
@@ -213,7 +214,8 @@ def _timelines(system: Cluster) -> None:
             record = store.load(conn, saga_id)
             assert record is not None
             console.print()
-            render_saga(record, timeline_entries(store.timeline(conn, saga_id)))
+            branch_of = branches(conn, "saga", record.name, record.saga_version)
+            render_saga(record, timeline_entries(store.timeline(conn, saga_id), branch_of))
 
 
 def _invariants(report: invariants.Report) -> None:

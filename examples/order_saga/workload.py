@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from saga import Saga
 from saga.examples.order_saga import cluster, invariants
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import DECLINED
@@ -60,9 +61,12 @@ def submit(
     on_progress: Callable[[int], None] | None = None,
     per_transaction: int = 20,
     rate: float | None = None,
+    saga: Saga[OrderData] = create_order,
 ) -> None:
     """Start one saga per order (idempotency key: the order id), a few per transaction:
-    all at once, or ``rate`` orders a second as a steady stream (as a shop's would come)."""
+    all at once, or ``rate`` orders a second as a steady stream (as a shop's would come).
+    ``saga`` is the version they start on (``orders.create_order_v1`` reserves one
+    after the other, to measure against the parallel version 2 in the same run)."""
     if rate:
         per_transaction = max(1, min(per_transaction, round(rate / 20)))
     began = time.monotonic()
@@ -73,7 +77,7 @@ def submit(
             chunk = orders[start : start + per_transaction]
             with conn.transaction():
                 for order in chunk:
-                    create_order.start(conn, order, idempotency_key=order.order_id)
+                    saga.start(conn, order, idempotency_key=order.order_id)
             if on_progress:
                 on_progress(len(chunk))
 

@@ -18,6 +18,7 @@ from saga.cli.text import foreign
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.store import SagaFilter, SagaStore
 from saga.errors import UnknownSaga
+from saga.operations.branches import branches
 
 STATUS_STYLE = {
     "running": "cyan",
@@ -79,6 +80,7 @@ def list_sagas(
                         "version": r.saga_version,
                         "status": r.status,
                         "step": r.step,
+                        "waiting_on": r.waiting_on if r.step_state else None,
                         "last_error": r.last_error,
                         "started_at": iso(r.started_at),
                         "updated_at": iso(r.updated_at),
@@ -100,11 +102,19 @@ def list_sagas(
             str(r.id),
             foreign(f"{r.name} v{r.saga_version}"),
             foreign(r.status, style=style),
-            foreign(r.step),
+            foreign(step_text(r.step, r.waiting_on)),
             r.started_at.strftime("%Y-%m-%d %H:%M:%S"),
             foreign(r.last_error),
         )
     print_table(table)
+
+
+def step_text(step: str | None, waiting: list[str]) -> str | None:
+    """A saga's step as listed: a parallel group with the members it still waits on
+    (``reserve: reserve_stock, reserve_credit``)."""
+    if waiting and waiting != [step]:
+        return f"{step}: {', '.join(waiting)}"
+    return step
 
 
 def data_filter(pairs: list[str]) -> dict[str, Any]:
@@ -130,11 +140,15 @@ def data_filter(pairs: list[str]) -> dict[str, Any]:
     return fields
 
 
-def timeline_entries(timeline: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """The step log rows of one saga as plain dicts (durations in milliseconds)."""
+def timeline_entries(
+    timeline: list[tuple[Any, ...]], branch_of: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The step log rows of one saga as plain dicts (durations in milliseconds), each
+    forward step of a parallel group's member with its group (``branch_of``)."""
     return [
         {
             "step": step,
+            "group": branch_of.get(step) if phase == "forward" else None,
             "phase": phase,
             "attempt": attempt,
             "outcome": outcome,
@@ -161,6 +175,9 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
     )
     if record.last_error:
         console.print(Text("last error: ") + foreign(record.last_error), soft_wrap=True)
+    if record.waiting_on and record.waiting_on != [record.step]:
+        waiting = ", ".join(record.waiting_on)
+        console.print(Text("waiting on: ") + foreign(waiting), soft_wrap=True)
     if record.status is SagaStatus.STEP_DEAD_LETTERED:
         console.print(
             Text.assemble(
@@ -174,13 +191,17 @@ def render_saga(record: SagaRecord, steps: list[dict[str, Any]]) -> None:
     table = Table(title="timeline")
     for column in ("#", "step", "phase", "try", "outcome", "ms", "error"):
         table.add_column(column, overflow="fold")
+    group = None
     for i, s in enumerate(steps, 1):
         outcome_style = {"succeeded": "green", "failed": "red", "skipped": "dim"}.get(
             s["outcome"], ""
         )
+        if s["group"] != group and s["group"] is not None:
+            table.add_row("", Text("⫴ ") + foreign(s["group"], style="bold") + " (at once)")
+        group = s["group"]
         table.add_row(
             str(i),
-            foreign(s["step"]),
+            Text("  ├ ") + foreign(s["step"]) if group else foreign(s["step"]),
             "↩ compensation" if s["phase"] == "compensation" else "→ forward",
             str(s["attempt"]),
             foreign(s["outcome"], style=outcome_style),
@@ -204,7 +225,8 @@ def show_saga(
         if record is None:
             raise UnknownSaga(f"no saga {saga_id} in schema {settings.db_schema!r}")
         timeline = store.timeline(conn, saga_id)
-    steps = timeline_entries(timeline)
+        branch_of = branches(conn, settings.db_schema, record.name, record.saga_version)
+    steps = timeline_entries(timeline, branch_of)
     if as_json:
         print(
             json.dumps(
@@ -214,6 +236,7 @@ def show_saga(
                     "version": record.saga_version,
                     "status": record.status.value,
                     "step": record.step,
+                    "waiting_on": record.waiting_on if record.step_state else None,
                     "completed_steps": record.completed_steps,
                     "cancel_requested": record.cancel_requested,
                     "last_error": record.last_error,

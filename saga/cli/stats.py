@@ -23,6 +23,8 @@ from saga.cli.options import (
 )
 from saga.cli.output import console, print_table
 from saga.cli.runtime import broker_config, connect, settings_from
+from saga.cli.durations import parse_duration
+from saga.cli.sagas import step_text
 from saga.cli.text import foreign
 from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaStatus
@@ -120,7 +122,11 @@ def stats(
     )
     for s in figures.stuck:
         console.print(
-            foreign(f"  {s['id']}  {s['name']}  {s['status']} at {s['step']}"), soft_wrap=True
+            foreign(
+                f"  {s['id']}  {s['name']}  {s['status']} at "
+                f"{step_text(s['step'], s['waiting_on'])}"
+            ),
+            soft_wrap=True,
         )
     if figures.unrouted_events:
         _print_unrouted(figures.unrouted_events)

@@ -26,6 +26,7 @@ from saga.errors import DatabaseUnavailable, DeadLetterNotFound, NotReplayable, 
 from saga.messaging.dead_letters import DeadLetterFilter, DeadLetterGroup, DeadLetterStore
 from saga.messaging.envelope import Envelope
 from saga.observability.redaction import mask, password_of, redact_text
+from saga.operations.branches import branches
 from saga.operations.replay import outgoing_for, superseded
 from saga.operations.saga_messages import SagaMessages, received_at, saga_messages
 from saga.operations.stats import (
@@ -203,6 +204,7 @@ def saga_detail(databases: Databases, service: str, saga_id: UUID) -> SagaDetail
         if record is None:
             raise UnknownSaga(f"no saga {saga_id} in {service}'s database")
         entries = store.timeline(conn, saga_id)
+        branch_of = branches(conn, schema, record.name, record.saga_version)
     origin = record.started_at or datetime.now(UTC)  # always set once stored
     messages: dict[str, SagaMessages] = {}
     unreachable: dict[str, str] = {}
@@ -216,7 +218,7 @@ def saga_detail(databases: Databases, service: str, saga_id: UUID) -> SagaDetail
     with databases.connect(service) as conn:
         received = received_at(conn, schema, record.service, reply_ids)
     letters = [letter for found in messages.values() for letter in found.dead_letters]
-    steps = timeline.step_rows(entries, letters, origin)
+    steps = timeline.step_rows(entries, letters, origin, branch_of)
     wait = timeline.current_wait(record, steps, origin, datetime.now(UTC))
     return SagaDetail(
         service,

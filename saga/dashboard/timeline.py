@@ -12,7 +12,7 @@ step and drawn as a wait of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -50,6 +50,8 @@ class TimelineRow:
     error: str | None
     message_id: UUID | None
     note: str = ""
+    #: the parallel group whose member this forward attempt is (drawn as a branch of it)
+    group: str | None = None
 
     @property
     def kind(self) -> str:
@@ -102,9 +104,13 @@ def _resumed(
 
 
 def step_rows(
-    entries: Sequence[tuple[Any, ...]], letters: Sequence[DeadLetterRow], origin: datetime
+    entries: Sequence[tuple[Any, ...]],
+    letters: Sequence[DeadLetterRow],
+    origin: datetime,
+    branch_of: dict[str, str],
 ) -> list[TimelineRow]:
-    """The step log's entries (oldest first) with holds cut out as waits of their own."""
+    """The step log's entries (oldest first) with holds cut out as waits of their own,
+    each forward attempt of a parallel group's member marked with its group (``branch_of``)."""
     letter_of = {
         letter.message_id: letter
         for letter in sorted(letters, key=lambda found: found.id)
@@ -122,9 +128,9 @@ def step_rows(
             if started > previous_end:
                 rows.append(_row(step, "wait", None, what, previous_end, started, origin))
         tries, note = _tries(attempt, letter, after_hold)
-        rows.append(
-            _row(step, phase, tries, outcome, started, finished, origin, error, message_id, note)
-        )
+        row = _row(step, phase, tries, outcome, started, finished, origin, error, message_id, note)
+        group = branch_of.get(step) if phase == "forward" else None
+        rows.append(replace(row, group=group) if group else row)
         if message_id:
             last_end[message_id] = max(finished, previous_end or finished)
     return rows
@@ -155,11 +161,14 @@ def current_wait(
     if record.status.finished or record.step_started_at is None:
         return None
     since = max([record.step_started_at, *(row.finished_at for row in rows)])
-    what = (
-        "waiting for an operator"
-        if record.status.needs_operator
-        else f"waiting for {record.waiting_for or 'its reply'}"
-    )
+    if record.status.needs_operator:
+        what = "waiting for an operator"
+    elif record.waiting_for:
+        what = f"waiting for {record.waiting_for}"
+    elif record.waiting_on and record.waiting_on != [record.step]:
+        what = f"waiting for {', '.join(record.waiting_on)}"
+    else:
+        what = "waiting for its reply"
     return _row(record.step or "", "wait", None, what, since, max(now, since), origin)
 
 
@@ -187,7 +196,8 @@ def _label(i: int, row: TimelineRow) -> str:
         return f"{i}. … {row.step}: {row.outcome} ({_duration(row.duration_ms)})"
     arrow = "↩" if row.phase == "compensation" else "→"
     tries = f"try {row.tries}, " if row.tries is not None else ""
-    return f"{i}. {arrow} {row.step} ({tries}{row.outcome})"
+    step = f"{row.group} ┃ {row.step}" if row.group else row.step
+    return f"{i}. {arrow} {step} ({tries}{row.outcome})"
 
 
 def _duration(ms: float) -> str:

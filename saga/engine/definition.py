@@ -510,11 +510,30 @@ class Saga(Generic[D]):
         # the steps a saga that has not passed the guard may be at, a group's members included
         reachable = older.steps[: older.index(rule.unless_passed) + 1]
         missing = [p.name for s in reachable for p in s.parts() if p.name not in names]
+        where = (
+            f"saga {self.name!r} v{self.version} cannot take v{older.version} sagas that have "
+            f"not passed {rule.unless_passed!r}"
+        )
         if missing:
+            raise ConfigurationError(f"{where}: it lacks their steps {missing}")
+        regrouped = [change for s in reachable if (change := self._regrouped(s, older.version))]
+        if regrouped:
             raise ConfigurationError(
-                f"saga {self.name!r} v{self.version} cannot take v{older.version} sagas that have "
-                f"not passed {rule.unless_passed!r}: it lacks their steps {missing}"
+                f"{where}: {'; '.join(regrouped)}; a saga there would go on without the rest "
+                "of its group. Guard with a step before the change (unless_passed=), or keep "
+                f"v{older.version} registered until its sagas finish"
             )
+
+    def _regrouped(self, older: Step, version: int) -> str | None:
+        """How the parallel group around ``older`` (a step of v``version``) differs here."""
+        names = [part.name for part in older.parts()]
+        here = self.steps[self.index(older.name)]
+        ours = [part.name for part in here.parts()]
+        if here.name == older.name and ours == names:
+            return None
+        if here.name != older.name:
+            return f"step {older.name!r} of v{version} is a member of group {here.name!r} here"
+        return f"group {older.name!r} has members {names[1:]} in v{version} but {ours[1:]} here"
 
 
 def _key_of(event_key: str | KeyOf | None) -> KeyOf | None:

@@ -54,6 +54,16 @@ def data_fingerprint(data: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def waiting_on(step: str | None, step_state: dict[str, Any]) -> list[str]:
+    """The steps a saga at ``step`` waits on: a parallel group's members still out (their
+    messages still awaited, in the order they were sent), else the step itself."""
+    members = step_state.get("members")
+    if members:
+        member_of = {entry["message"]: name for name, entry in members.items()}
+        return [member_of[m] for m in step_state.get("awaits", ()) if m in member_of]
+    return [step] if step else []
+
+
 @dataclass(slots=True)
 class SagaRecord:
     """One ``saga_instances`` row; ``version`` guards every update."""
@@ -87,6 +97,11 @@ class SagaRecord:
         """The event the saga waits for (a wait step's), if any."""
         value = self.step_state.get("waiting_for")
         return None if value is None else str(value)
+
+    @property
+    def waiting_on(self) -> list[str]:
+        """See :func:`waiting_on`."""
+        return waiting_on(self.step, self.step_state)
 
     @property
     def wait_key(self) -> str | None:
@@ -154,4 +169,10 @@ class SagaSummary:
     started_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    step_state: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def waiting_on(self) -> list[str]:
+        """See :func:`waiting_on`."""
+        return waiting_on(self.step, self.step_state)

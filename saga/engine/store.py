@@ -149,7 +149,8 @@ FROM {schema}.saga_steps WHERE saga_id = %s ORDER BY id
 #: its values, so a key is found through ``saga_instances_idempotency_key`` and data fields
 #: through the GIN index ``saga_instances_data`` (``data @> '{"order_id": "o-17"}'``).
 LIST_SAGAS = """
-SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at
+SELECT id, name, saga_version, status, step, last_error, started_at, updated_at, finished_at,
+       step_state
 FROM {schema}.saga_instances
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)

@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from saga.db.sql import Tx, render
+from saga.engine.state import waiting_on
 from saga.messaging.events import EventRecords, UnroutedEvents
 
 __all__ = [
@@ -39,7 +40,7 @@ WHERE status IN ('running', 'compensating') GROUP BY name ORDER BY name
 """
 
 _STUCK = """
-SELECT id, name, status, step, updated_at FROM {schema}.saga_instances
+SELECT id, name, status, step, updated_at, step_state FROM {schema}.saga_instances
 WHERE status IN ('running', 'compensating') AND updated_at < now() - %s::interval
 ORDER BY updated_at LIMIT %s
 """
@@ -138,11 +139,18 @@ def collect(
         stats.oldest_running[name] = started
     row = tx.execute(render(_STUCK_COUNT, schema), (stuck_after,)).fetchone()
     stats.stuck_count = int(row[0]) if row else 0
-    for saga_id, name, status, step, updated in tx.execute(
+    for saga_id, name, status, step, updated, step_state in tx.execute(
         render(_STUCK, schema), (stuck_after, stuck_limit)
     ):
         stats.stuck.append(
-            {"id": saga_id, "name": name, "status": status, "step": step, "updated_at": updated}
+            {
+                "id": saga_id,
+                "name": name,
+                "status": status,
+                "step": step,
+                "waiting_on": waiting_on(step, step_state),
+                "updated_at": updated,
+            }
         )
     stats.unrouted_events = EventRecords(schema).unrouted(tx)
     return stats

@@ -252,3 +252,62 @@ def test_a_row_under_a_live_lease_is_not_shown_as_waiting_in_an_outbox(
     assert pending, page
     assert "LeaseLapsed" in pending.group(1) and "HeldBack" in pending.group(1)
     assert "LeaseLive" not in pending.group(1)
+def test_a_parallel_group_is_drawn_as_branches_and_listed_with_the_members_it_waits_on(
+    dashboard: TestClient, db: TestDatabase
+) -> None:
+    t0 = datetime.now(UTC) - timedelta(seconds=5)
+    at = lambda ms: t0 + timedelta(milliseconds=ms)  # noqa: E731
+    saga_id = _saga(db, "running", started=t0, step="reserve")
+    stock, credit, ship = (str(uuid.uuid4()) for _ in range(3))
+    state = {
+        "awaits": [stock, ship],
+        "members": {
+            "reserve_stock": {"message": stock, "attempt": 1},
+            "reserve_credit": {"message": credit, "attempt": 1},
+            "book_shipping": {"message": ship, "attempt": 1},
+        },
+    }
+    db.execute(
+        "UPDATE saga.saga_instances SET step_state = %s WHERE id = %s",
+        (json.dumps(state), saga_id),
+    )
+    shape = [
+        {"step": "open", "kind": "local", "pivot": False, "compensated": True},
+        {
+            "step": "reserve",
+            "kind": "parallel",
+            "pivot": False,
+            "compensated": False,
+            "members": [{"step": m, "kind": "remote"} for m in state["members"]],
+        },
+    ]
+    db.execute(
+        "INSERT INTO saga.saga_definitions (name, version, fingerprint, steps) "
+        "VALUES ('order', 1, 'f', %s)",
+        (json.dumps(shape),),
+    )
+    for step, start, end in [("open", 0, 5), ("reserve_credit", 6, 40)]:
+        db.execute(
+            "INSERT INTO saga.saga_steps (saga_id, step, phase, attempt, outcome, started_at, "
+            "finished_at) VALUES (%s, %s, 'forward', 1, 'succeeded', %s, %s)",
+            (saga_id, step, at(start), at(end)),
+        )
+
+    page = dashboard.get(f"/sagas/trips/{saga_id}").text
+    assert re.search(r'id="waiting-on">reserve_stock, book_shipping<', page), page
+    groups = re.findall(r'<tr class="group">(.*?)</tr>', page, re.S)
+    assert len(groups) == 1 and "reserve" in groups[0]
+    branch_rows = re.findall(r'<tr class="step branch[^"]*">(.*?)</tr>', page, re.S)
+    assert len(branch_rows) == 1 and "reserve_credit" in branch_rows[0]
+    labels = _chart(page, "timeline")["labels"]
+    assert labels[:2] == [  # the current wait names the members still out
+        "1. → open (try 1, succeeded)",
+        "2. → reserve ┃ reserve_credit (try 1, succeeded)",
+    ]
+    assert "waiting for reserve_stock, book_shipping" in labels[2]  # type: ignore[index]
+    listed = dashboard.get("/sagas?service=trips").text
+    row = re.search(rf"{saga_id}.*?</tr>", listed, re.S)
+    assert (
+        row
+        and 'reserve: <span class="waiting-on">reserve_stock, book_shipping</span>' in row.group(0)
+    )

@@ -4,6 +4,7 @@ a failed member compensating what its siblings and the steps before did, once ea
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -13,7 +14,9 @@ import pytest
 from pydantic import BaseModel
 
 from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
+from saga.engine.state import waiting_on
 from tests.support.brokers import TestBroker
+from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
 from tests.support.services import EFFECTS_DDL
@@ -23,6 +26,7 @@ from tests.support.wait import wait_until
 class Order(BaseModel):
     order_id: str
     credit_fails: bool = False
+    credit_breaks: bool = False
     stock_ref: str | None = None
 
 
@@ -41,6 +45,7 @@ class ReleaseStock(BaseModel):
 class ReserveCredit(BaseModel):
     order_id: str
     credit_fails: bool
+    credit_breaks: bool = False
 
 
 class ReleaseCredit(BaseModel):
@@ -109,6 +114,8 @@ def release_stock(tx: Tx, cmd: ReleaseStock, ctx: HandlerContext) -> None:
 def reserve_credit(tx: Tx, cmd: ReserveCredit, ctx: HandlerContext) -> None:
     if cmd.credit_fails:
         raise StepFailed("no credit")
+    if cmd.credit_breaks:
+        raise RuntimeError("the credit service has a bug")  # retried, then a dead letter
     effect(tx, "credit", cmd.order_id)
 
 
@@ -146,6 +153,12 @@ def settled(db: TestDatabase, saga_id: UUID, status: str) -> None:
     wait_until(lambda: db.scalar(query, (saga_id,)) == status, timeout=30, what=status)
 
 
+def members_out(db: TestDatabase, saga_id: UUID) -> list[str]:
+    query = "SELECT step, step_state FROM saga.saga_instances WHERE id = %s"
+    (row,) = db.rows(query, (saga_id,))
+    return waiting_on(*row)
+
+
 def effects(db: TestDatabase) -> Counter[str]:
     return Counter(r[0] for r in db.rows("SELECT kind FROM public.effects"))
 
@@ -175,3 +188,96 @@ def test_a_failed_member_undoes_its_siblings_and_the_steps_before_once_each(
         # the stock reservation may answer after the failure: its late success is undone
         wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
     assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)
+
+
+def test_saga_list_and_stats_name_every_member_still_out(db: TestDatabase) -> None:
+    with db.connect() as conn:
+        registry.check_versions(conn)  # records the shape, as a connecting consumer does
+    saga_id = start(db, Order(order_id="o3"))  # no participant runs: both members stay out
+
+    listed = json.loads(saga_cli(db.url, "list", "--json").stdout)
+    assert [(s["step"], s["waiting_on"]) for s in listed] == [
+        ("reserve", ["reserve_stock", "reserve_credit"])
+    ]
+    table = saga_cli(db.url, "list").stdout
+    assert "reserve: reserve_stock, reserve_credit" in table
+    stats = json.loads(saga_cli(db.url, "stats", "--stuck-after", "0s", "--json").stdout)
+    assert [s["waiting_on"] for s in stats["stuck"]] == [["reserve_stock", "reserve_credit"]]
+    shown = saga_cli(db.url, "show", str(saga_id)).stdout
+    assert "waiting on: reserve_stock, reserve_credit" in shown
+
+
+def test_saga_show_draws_the_members_as_one_group(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, Order(order_id="o4"))
+        settled(db, saga_id, "completed")
+
+    shown = json.loads(saga_cli(db.url, "show", str(saga_id), "--json").stdout)
+    groups = {entry["step"]: entry["group"] for entry in shown["timeline"]}
+    assert groups == {
+        "open": None,
+        "reserve_stock": "reserve",
+        "reserve_credit": "reserve",
+        "note": "reserve",
+        "confirm": None,
+    }
+    lines = saga_cli(db.url, "show", str(saga_id)).stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if "⫴ reserve (at once)" in line)
+    members = [line for line in lines[header + 1 : header + 4] if "├" in line]
+    assert len(members) == 3
+    assert not any("├" in line and "confirm" in line for line in lines)
+
+
+def test_saga_resume_sends_again_only_the_member_still_out(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    saga_id = start(db, Order(order_id="o5"))
+    db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
+    with orders_running(db, shared_event_broker):
+        wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
+        waiting = json.loads(saga_cli(db.url, "list", "--json").stdout)[0]["waiting_on"]
+        assert waiting == ["reserve_credit"]
+
+        resumed = saga_cli(db.url, "resume", str(saga_id), "--stuck-after", "0s")
+        assert resumed.returncode == 0, resumed.stderr
+        settled(db, saga_id, "completed")
+    assert effects(db) == Counter(open=1, stock=1, credit=1, note=1, confirm=1)
+
+
+def test_saga_cancel_at_a_group_compensates_every_member_once_all_have_answered(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    saga_id = start(db, Order(order_id="o6"))
+    db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
+    with orders_running(db, shared_event_broker):
+        wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
+        cancelled = saga_cli(db.url, "cancel", str(saga_id))
+        assert cancelled.returncode == 0, cancelled.stderr
+        # the cancel waits for the member still out: resumed, it answers, then all compensate
+        resumed = saga_cli(db.url, "resume", str(saga_id), "--stuck-after", "0s")
+        assert resumed.returncode == 0, resumed.stderr
+        settled(db, saga_id, "compensated")
+        wait_until(lambda: effects(db)["close"] == 1, timeout=30, what="order closed")
+    assert effects(db) == Counter(
+        open=1, stock=1, credit=1, note=1, release_stock=1, release_credit=1, close=1
+    )
+
+
+def test_a_dead_lettered_member_compensates_and_its_replay_is_refused_as_superseded(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    with orders_running(db, shared_event_broker):
+        saga_id = start(db, Order(order_id="o7", credit_breaks=True))
+        settled(db, saga_id, "compensated")
+        wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
+        (letter,) = json.loads(saga_cli(db.url, "dlq", "list", "--json").stdout)
+        assert letter["message_type"] == "ReserveCredit"
+
+        replayed = saga_cli(db.url, "dlq", "replay", str(letter["id"]))
+        assert "superseded" in replayed.stdout + replayed.stderr, replayed
+    # the member whose outcome was unknown was compensated too; nothing ran it again
+    assert effects(db) == Counter(
+        open=1, note=1, stock=1, release_stock=1, release_credit=1, close=1
+    )

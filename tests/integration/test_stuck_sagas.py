@@ -19,9 +19,10 @@ def test_a_stuck_saga_is_described_by_the_traces_of_the_message_it_awaits(
     assert len(lines) == 2
     assert queues.startswith("messages ready in the queues: {")
     assert all(
-        "running at reserve_stock" in line
+        "running at reserve" in line
+        and "(reserve_stock, reserve_credit)" in line  # both members of the group are out
         and "handled by no inbox" in line
-        and "outbox rows {'orders': 1}" in line
+        and "outbox rows {'orders': 2}" in line
         and "dead letters none" in line
         for line in lines
     ), lines

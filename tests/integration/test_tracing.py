@@ -26,26 +26,49 @@ from tests.support.wait import wait_until
 
 EXPORTER = InMemorySpanExporter()
 
-#: (span name, saga.step) from the saga's start to its end, each span the parent of the next.
+#: (span name, saga.step): the saga's start, then the stock and credit reservations at once,
+#: each a branch of the start span: its command handled, then its reply.
+START = ("saga create_order start", None)
+BRANCHES = {
+    "reserve_stock": [
+        ("inventory handle ReserveStock", "reserve_stock"),
+        ("orders handle StockReserved", "reserve_stock"),
+    ],
+    "reserve_credit": [
+        ("customers handle ReserveCredit", "reserve_credit"),
+        ("orders handle CreditReserved", "reserve_credit"),
+    ],
+}
+#: What follows the reply answered last (its span the parent of the next, each in turn).
+CHARGE = [("payments handle ChargeCard", "charge_payment")]
 COMPLETED = [
-    ("saga create_order start", None),
-    ("inventory handle ReserveStock", "reserve_stock"),
-    ("orders handle StockReserved", "reserve_stock"),
-    ("customers handle ReserveCredit", "reserve_credit"),
-    ("orders handle CreditReserved", "reserve_credit"),
-    ("payments handle ChargeCard", "charge_payment"),
+    *CHARGE,
     ("orders handle CardCharged", "charge_payment"),
     ("inventory handle ScheduleShipment", "schedule_shipment"),
     ("orders handle ShipmentScheduled", "schedule_shipment"),
 ]
-DECLINED = [
-    *COMPLETED[:6],
-    ("orders handle saga.FailureReply", "charge_payment"),
-    ("customers handle ReleaseCredit", "reserve_credit"),
-    ("orders handle saga.Ack", "reserve_credit"),
-    ("inventory handle ReleaseStock", "reserve_stock"),
-    ("orders handle saga.Ack", "reserve_stock"),
-]
+RELEASES = {
+    "reserve_stock": [
+        ("inventory handle ReleaseStock", "reserve_stock"),
+        ("orders handle saga.Ack", "reserve_stock"),
+    ],
+    "reserve_credit": [
+        ("customers handle ReleaseCredit", "reserve_credit"),
+        ("orders handle saga.Ack", "reserve_credit"),
+    ],
+}
+
+
+def declined(last: str, first: str) -> list[tuple[str, str | None]]:
+    """After a declined card: the reservations released, the one answered last first."""
+    return [
+        *CHARGE,
+        ("orders handle saga.FailureReply", "charge_payment"),
+        *RELEASES[last],
+        *RELEASES[first],
+    ]
+
+
 #: The events the saga's last local step publishes, handled by their subscribers in spans
 #: whose parent is the span that published them (the chain's last).
 EVENT_SPANS = {
@@ -68,12 +91,12 @@ def running(order_system: Cluster, rabbit: TestBroker) -> Iterator[Cluster]:
 
 
 @pytest.mark.parametrize(
-    ("payment_failure", "status", "expected"),
-    [(0.0, "completed", COMPLETED), (1.0, "compensated", DECLINED)],
+    ("payment_failure", "status"),
+    [(0.0, "completed"), (1.0, "compensated")],
     ids=["completed", "card-declined"],
 )
 def test_a_saga_is_one_trace_of_attributed_spans(
-    running: Cluster, payment_failure: float, status: str, expected: list[tuple[str, str | None]]
+    running: Cluster, payment_failure: float, status: str
 ) -> None:
     EXPORTER.clear()
     (order,) = workload.make_orders(1, workload.FailureRates(0, 0, payment_failure, 0))
@@ -85,16 +108,31 @@ def test_a_saga_is_one_trace_of_attributed_spans(
         30,
         what="the events' spans",
     )
-    chain = wait_until(
-        lambda: len(spans := _the_trace()) >= len(expected) and spans, 10, what="spans"
+    tail = COMPLETED if status == "completed" else declined(*BRANCHES)  # either order: as long
+    length = 1 + 4 + len(tail)
+    root, children = wait_until(
+        lambda: sum(map(len, (tree := _the_trace())[1].values())) + 1 >= length and tree,
+        10,
+        what="spans",
     )
 
-    assert [s.name for s in chain] == [name for name, _ in expected]
+    assert _named([root]) == [START]
+    # each reservation is a branch of the start span: its command's span, its reply's, and,
+    # from the reply answered last, the rest of the saga, each span the parent of the next
+    branches = {
+        str(_attributes(span)[tracing.SAGA_STEP]): _chain(children, span)
+        for span in children[root.context.span_id]
+    }
+    assert {step: _named(chain[:2]) for step, chain in branches.items()} == BRANCHES
+    (last,) = [step for step, chain in branches.items() if len(chain) > 2]
+    (first,) = set(BRANCHES) - {last}
+    expected = COMPLETED if status == "completed" else declined(last, first)
+    assert _named(branches[last][2:]) == expected
+    assert len(branches[first]) == 2
     assert sorted(s.name for s in events) == EVENT_SPANS[status]
-    assert {s.parent.span_id for s in events if s.parent} == {chain[-1].context.span_id}
-    start, *handled = chain
+    assert {s.parent.span_id for s in events if s.parent} == {branches[last][-1].context.span_id}
+    start, handled = root, [*branches[first], *branches[last]]
     assert _attributes(start) == {tracing.SAGA_ID: str(saga_id), tracing.SAGA_NAME: "create_order"}
-    assert [_attributes(s).get(tracing.SAGA_STEP) for s in chain] == [s for _, s in expected]
     for span in handled:
         consumer, _, message_type = span.name.split(" ")
         attributes = _attributes(span)
@@ -126,18 +164,32 @@ def _event_spans() -> list[ReadableSpan]:
     return [s for s in EXPORTER.get_finished_spans() if s.name.split(" ")[0] in SUBSCRIBERS]
 
 
-def _the_trace() -> list[ReadableSpan]:
-    """Every span recorded but the events', root first, each the parent of the next.
+def _the_trace() -> tuple[ReadableSpan, dict[int, list[ReadableSpan]]]:
+    """The root of every span recorded but the events', and each span's children.
 
-    Fails unless they form one such chain: one trace, every message handled in a
-    span whose parent is the span that sent it.
+    Fails unless they form one tree: one trace, every message handled in a span whose
+    parent is the span that sent it.
     """
     spans = [s for s in EXPORTER.get_finished_spans() if s not in _event_spans()]
     (root,) = [s for s in spans if s.parent is None]
-    child_of = {s.parent.span_id: s for s in spans if s.parent is not None}
-    assert len(child_of) == len(spans) - 1, "a span with two children"
-    chain = [root]
-    while (context := chain[-1].context) and context.span_id in child_of:
-        chain.append(child_of[context.span_id])
-    assert len(chain) == len(spans), "spans outside the saga's chain"
+    ids = {s.context.span_id for s in spans if s.context}
+    children: dict[int, list[ReadableSpan]] = {}
+    for span in spans:
+        if span.parent is not None:
+            assert span.parent.span_id in ids, "a span outside the saga's trace"
+            children.setdefault(span.parent.span_id, []).append(span)
+    return root, children
+
+
+def _chain(children: dict[int, list[ReadableSpan]], span: ReadableSpan) -> list[ReadableSpan]:
+    """``span`` and its descendants, each the only child of the one before."""
+    chain = [span]
+    while (context := chain[-1].context) and (below := children.get(context.span_id)):
+        assert len(below) == 1, f"{chain[-1].name} has {len(below)} children"
+        chain.append(below[0])
     return chain
+
+
+def _named(spans: list[ReadableSpan]) -> list[tuple[str, object]]:
+    """(span name, saga.step) of each of ``spans``."""
+    return [(s.name, _attributes(s).get(tracing.SAGA_STEP)) for s in spans]

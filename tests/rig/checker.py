@@ -18,7 +18,7 @@ from typing import Any
 
 from saga.examples.order_saga import invariants
 from saga.examples.order_saga.cluster import SERVICES, Cluster
-from saga.examples.order_saga.orders import create_order
+from saga.examples.order_saga.orders import registry
 
 #: Remote step -> (service, table holding one row per applied command, keyed by idempotency key).
 EFFECTS = {
@@ -27,23 +27,32 @@ EFFECTS = {
     "charge_payment": ("payments", "charges"),
     "schedule_shipment": ("inventory", "shipments"),
 }
-ORDER = [step.name for step in create_order.steps]
+
+
+def positions(version: int) -> dict[str, int]:
+    """Each step's place in the create_order saga at ``version``; the members of a parallel
+    group share their group's place (they answer in any order)."""
+    saga = registry.definition("create_order", version)
+    return {part.name: i for i, step in enumerate(saga.steps) for part in step.parts()}
 
 
 def classify(system: Cluster, report: invariants.Report) -> None:
     """Delivered, lost, duplicated and unexpected commands, from the step log and the effects.
 
-    An effect is expected when its step succeeded, or when the saga compensated the step
-    (a step whose outcome was unknown is compensated too, and may have had its effect).
+    An effect is expected when its step succeeded, when the saga compensated the step
+    (a step whose outcome was unknown is compensated too, and may have had its effect), or
+    when it succeeded after the saga had compensated past it (a parallel group's member
+    still out when a sibling failed: the late success is logged and undone).
     """
     logged: dict[str, set[str]] = defaultdict(set)
-    for saga_id, step, phase in invariants.rows(
+    for saga_id, step, phase, outcome in invariants.rows(
         system,
         "orders",
-        "SELECT saga_id, step, phase FROM saga.saga_steps WHERE outcome = 'succeeded'",
+        "SELECT saga_id, step, phase, outcome FROM saga.saga_steps "
+        "WHERE outcome IN ('succeeded', 'late_success')",
     ):
         if step in EFFECTS:
-            logged[phase].add(f"{saga_id}:{step}")
+            logged[outcome if outcome == "late_success" else phase].add(f"{saga_id}:{step}")
     succeeded = logged["forward"]
     applied: Counter[str] = Counter()
     for service, table in set(EFFECTS.values()):
@@ -53,7 +62,11 @@ def classify(system: Cluster, report: invariants.Report) -> None:
     delivered = sum(1 for key in succeeded if applied[key] == 1)
     lost = [key for key in succeeded if applied[key] == 0]
     duplicated = [key for key, count in applied.items() if count > 1]
-    unexpected = [key for key in applied if key not in succeeded | logged["compensation"]]
+    unexpected = [
+        key
+        for key in applied
+        if key not in succeeded | logged["compensation"] | logged["late_success"]
+    ]
     running = {
         str(r[0])
         for r in invariants.rows(
@@ -78,22 +91,28 @@ def classify(system: Cluster, report: invariants.Report) -> None:
 
 
 def step_order(system: Cluster, report: invariants.Report) -> None:
-    """Forward steps in definition order, then compensations in reverse, per saga."""
+    """Forward steps in definition order, then compensations in reverse, per saga (the
+    members of a parallel group in any order among themselves)."""
     log: dict[Any, list[tuple[str, str]]] = defaultdict(list)
-    for saga_id, step, phase in invariants.rows(
+    version_of: dict[Any, int] = {}
+    for saga_id, version, step, phase in invariants.rows(
         system,
         "orders",
-        "SELECT saga_id, step, phase FROM saga.saga_steps "
-        "WHERE outcome = 'succeeded' ORDER BY saga_id, id",
+        "SELECT s.saga_id, i.saga_version, s.step, s.phase FROM saga.saga_steps s "
+        "JOIN saga.saga_instances i ON i.id = s.saga_id "
+        "WHERE s.outcome = 'succeeded' ORDER BY s.saga_id, s.id",
     ):
         log[saga_id].append((step, phase))
+        version_of[saga_id] = version
+    places = {version: positions(version) for version in set(version_of.values())}
     bad = []
     for saga_id, entries in log.items():
+        place = places[version_of[saga_id]]
         forward = [s for s, p in entries if p == "forward"]
         backward = [s for s, p in entries if p == "compensation"]
         first_compensation = next((i for i, (_, p) in enumerate(entries) if p != "forward"), None)
-        in_order = forward == sorted(forward, key=ORDER.index)
-        reverse = backward == sorted(backward, key=ORDER.index, reverse=True)
+        in_order = forward == sorted(forward, key=place.__getitem__)
+        reverse = backward == sorted(backward, key=place.__getitem__, reverse=True)
         no_forward_after = first_compensation is None or all(
             p == "compensation" for _, p in entries[first_compensation:]
         )

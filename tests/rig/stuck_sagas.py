@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from saga.broker.transport import Topology
+from saga.engine.state import waiting_on
 from saga.examples.order_saga.cluster import SAGA_SERVICES, Cluster
 
 #: The line a home service's consumer logs when it resumed stuck sagas by itself.
@@ -27,26 +28,28 @@ def automatic_resumes(log_dir: Path) -> list[str]:
 
 def describe_stuck(system: Cluster, limit: int = 5) -> list[str]:
     """One line per saga still running or compensating (the oldest ``limit``): its step,
-    the message it awaits, and where that message and its saga's rows are: which
-    services' inboxes recorded the message, their outbox rows and dead letters; then the
+    the messages it awaits (and the steps that sent them), and where they and its saga's
+    rows are: which services' inboxes recorded one, their outbox rows and dead letters; then the
     messages ready in each service's queue (with the consumers stopped, the unacknowledged
     ones are back in it)."""
     with system.connect("orders") as conn:
         stuck = conn.execute(
-            "SELECT id, status, step, pending_message_id, updated_at FROM saga.saga_instances "
+            "SELECT id, status, step, step_state, pending_message_id, updated_at "
+            "FROM saga.saga_instances "
             "WHERE status IN ('running', 'compensating') ORDER BY updated_at LIMIT %s",
             (limit,),
         ).fetchall()
     lines = []
-    for saga_id, status, step, pending, updated_at in stuck:
+    for saga_id, status, step, step_state, pending, updated_at in stuck:
+        awaited = step_state.get("awaits") or [pending]  # a parallel group awaits several
         handled, outbox, letters = [], {}, {}
         for service in SAGA_SERVICES:
             with system.connect(service) as conn:
                 row = conn.execute(
-                    "SELECT (SELECT count(*) FROM saga.inbox WHERE message_id = %s), "
+                    "SELECT (SELECT count(*) FROM saga.inbox WHERE message_id = ANY(%b::uuid[])), "
                     "(SELECT count(*) FROM saga.outbox WHERE saga_id = %s), "
                     "(SELECT count(*) FROM saga.dead_letters WHERE saga_id = %s)",
-                    (pending, saga_id, saga_id),
+                    ([str(m) for m in awaited], saga_id, saga_id),
                 ).fetchone()
             assert row is not None
             if row[0]:
@@ -57,7 +60,8 @@ def describe_stuck(system: Cluster, limit: int = 5) -> list[str]:
                 letters[service] = row[2]
         lines.append(
             f"unconverged saga {saga_id}: {status} at {step} since {updated_at:%H:%M:%S}, "
-            f"awaiting {pending}; handled by {handled or 'no inbox'}; "
+            f"awaiting {', '.join(map(str, awaited))} "
+            f"({', '.join(waiting_on(step, step_state))}); handled by {handled or 'no inbox'}; "
             f"outbox rows {outbox or 'none'}; dead letters {letters or 'none'}"
         )
     if stuck:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 _SUBMITTED = re.compile(r"submitting orders\s.*?(\d+)/(\d+)\s+(\d+):(\d\d):(\d\d)")
 _OUTCOME = re.compile(r"│ (completed|compensated|running|compensating)\s*│\s*(\d+) │")
 _INVARIANTS = re.compile(r"business invariants hold \(([^)]*)\)")
-_TIMELINE = re.compile(r"create_order v1\s+[0-9a-f-]{36}\s+(completed|compensated)")
+_TIMELINE = re.compile(r"create_order v\d+\s+[0-9a-f-]{36}\s+(completed|compensated)")
 
 
 @dataclass(frozen=True)

@@ -181,3 +181,46 @@ def test_the_shape_of_a_group_names_its_members() -> None:
     [_, group, _] = shape(order_saga())
     assert group["kind"] == "parallel"
     assert [m["step"] for m in group["members"]] == ["reserve_stock", "reserve_credit"]
+
+
+def sequential_saga() -> Saga[Order]:
+    """``order_saga`` before its reservations became a group: stock, then credit."""
+    saga = Saga("order", data=Order)
+    saga.remote("create", service="orders", command=lambda d: Reserve(what="order"))
+    saga.remote("reserve_stock", service="inventory", command=lambda d: Reserve(what="stock"))
+    saga.remote("reserve_credit", service="customers", command=lambda d: Reserve(what="credit"))
+    saga.remote("charge", service="payments", command=lambda d: Reserve(what="charge"))
+    return saga
+
+
+def test_sagas_at_a_step_that_became_a_member_are_refused_clearly() -> None:
+    newer = order_saga()
+    newer.version = 2
+    newer.migrate_from(1, unless_passed="reserve_credit")
+    refused = r"step 'reserve_stock' of v1 is a member of group 'reserve' here"
+    with pytest.raises(ConfigurationError, match=refused):
+        newer.validate_migration(sequential_saga())
+
+
+def test_sagas_inside_a_group_whose_members_changed_are_refused_clearly() -> None:
+    older = Saga("order", data=Order)
+    older.remote("create", service="orders", command=lambda d: Reserve(what="order"))
+    with older.parallel("reserve"):
+        older.remote("reserve_stock", service="inventory", command=lambda d: Reserve(what="s"))
+    older.remote("reserve_credit", service="customers", command=lambda d: Reserve(what="c"))
+    newer = order_saga()
+    newer.version = 2
+    newer.migrate_from(1, unless_passed="reserve")
+    refused = (
+        r"group 'reserve' has members \['reserve_stock'\] in v1 "
+        r"but \['reserve_stock', 'reserve_credit'\] here"
+    )
+    with pytest.raises(ConfigurationError, match=refused):
+        newer.validate_migration(older)
+
+
+def test_sagas_that_passed_the_regrouped_steps_still_migrate() -> None:
+    newer = order_saga()
+    newer.version = 2
+    newer.migrate_from(1, unless_passed="create")
+    newer.validate_migration(sequential_saga())  # only sagas at "create" may move: same step
