@@ -23,7 +23,6 @@ from saga.cli.options import (
 )
 from saga.cli.output import console, print_table
 from saga.cli.runtime import broker_config, connect, settings_from
-from saga.cli.durations import parse_duration
 from saga.cli.sagas import step_text
 from saga.cli.text import foreign
 from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon

@@ -252,6 +252,8 @@ def test_a_row_under_a_live_lease_is_not_shown_as_waiting_in_an_outbox(
     assert pending, page
     assert "LeaseLapsed" in pending.group(1) and "HeldBack" in pending.group(1)
     assert "LeaseLive" not in pending.group(1)
+
+
 def test_a_parallel_group_is_drawn_as_branches_and_listed_with_the_members_it_waits_on(
     dashboard: TestClient, db: TestDatabase
 ) -> None:
