@@ -39,6 +39,7 @@ from bench import (
     three_step_saga,
 )
 from bench.environment import ScratchDatabase, machine
+from saga.examples.order_saga.orders import create_order_v1, create_order_v2
 
 console = Console()
 
@@ -254,7 +255,9 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
                 cpu_half = profile.CpuSnapshot(bench).system_seconds() - cpu_before.system_seconds()
             half = half_e2e.measurement
             with console.status(f"order saga, idle: {args.idle_sagas} sagas, 1 a second"):
-                idle_e2e = saga_e2e.end_to_end(bench, 1.0, args.idle_sagas)
+                idle_e2e = saga_e2e.end_to_end(bench, 1.0, args.idle_sagas, create_order_v2)
+            with console.status(f"order saga v1 (sequential), idle: {args.idle_sagas} sagas"):
+                sequential_e2e = saga_e2e.end_to_end(bench, 1.0, args.idle_sagas, create_order_v1)
             rss = bench.consumer_rss_mb()
             grown = None
             if args.growth_rows:
@@ -265,6 +268,7 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
         finally:
             bench.close()
     cpu_ratio = (cpu_half / half_sagas) / (cpu_full / args.sagas)
+    parallel_ratio = idle_e2e.duration_ms["p50"] / sequential_e2e.duration_ms["p50"]
     figures |= {
         "sagas_per_s": round(full.sagas_per_s, 1),
         "steps_per_s": round(full.steps_per_s),
@@ -281,6 +285,8 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
         "e2e_half_ms_p50": half_e2e.duration_ms["p50"],
         "e2e_half_ms_p99": half_e2e.duration_ms["p99"],
         "half_cpu_per_saga_ratio": round(cpu_ratio, 3),
+        "e2e_sequential_idle_ms_p50": sequential_e2e.duration_ms["p50"],
+        "parallel_e2e_ratio": round(parallel_ratio, 3),
     }
     rows = [
         (
@@ -299,9 +305,17 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
             "targets: p50 < 10 ms, p99 < 50 ms",
         ),
         (
-            f"order saga end to end, idle ({args.idle_sagas} sagas, 1 a second)",
+            f"order saga end to end (v2, stock and credit at once), idle "
+            f"({args.idle_sagas} sagas, 1 a second)",
             _durations(idle_e2e),
             "finished_at - started_at of each saga, started one per transaction",
+        ),
+        (
+            f"order saga v1, stock and credit reserved one after the other, idle "
+            f"({args.idle_sagas} sagas, 1 a second)",
+            _durations(sequential_e2e),
+            f"the parallel version 2 (the row above) at {parallel_ratio:.2f} of its p50 "
+            "(target: at most 0.8)",
         ),
         (
             f"order saga end to end, half load ({half.sagas_per_s:,.0f} sagas/s)",

@@ -30,9 +30,10 @@ from pathlib import Path
 import psycopg
 
 from bench.environment import AMQP_URL, ScratchDatabase
+from saga import Saga
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.cluster import SAGA_SERVICES, TARGETS, Cluster
-from saga.examples.order_saga.orders import OrderData
+from saga.examples.order_saga.orders import OrderData, create_order
 from tests.rig.supervisor import Supervisor
 
 FIRST_PORT = 9460
@@ -62,10 +63,14 @@ class EndToEnd:
     measurement: Measurement
 
 
-def end_to_end(bench: Bench, rate: float, sagas: int) -> EndToEnd:
+def end_to_end(
+    bench: Bench, rate: float, sagas: int, saga: Saga[OrderData] = create_order
+) -> EndToEnd:
     """Start ``sagas`` one per transaction at ``rate`` a second on ``bench`` (whichever
-    system it runs) and read each one's ``finished_at - started_at`` from its database."""
-    measured = bench.measure(sagas, rate=rate)
+    system it runs) and read each one's ``finished_at - started_at`` from its database.
+    ``saga`` is the version of the order saga they start on (``create_order_v1`` reserves
+    stock and credit one after the other, the default reserves them at once)."""
+    measured = bench.measure(sagas, rate=rate, saga=saga)
     durations = bench.durations_ms(bench.last_batch)
     if len(durations) != sagas:
         raise RuntimeError(f"{len(durations)} sagas of the batch found, {sagas} started")
@@ -142,15 +147,18 @@ class Bench:
 
     # -- measuring ------------------------------------------------------------
 
-    def measure(self, orders: int, rate: float | None = None) -> Measurement:
-        """Submit ``orders`` (paced at ``rate`` per second if given) and wait for all of them."""
+    def measure(
+        self, orders: int, rate: float | None = None, saga: Saga[OrderData] = create_order
+    ) -> Measurement:
+        """Submit ``orders`` (paced at ``rate`` per second if given) on ``saga`` and wait for
+        all of them."""
         batch = self._new_orders(orders)
         before, before_steps = self._scrape_all(), self._steps()
         started = time.monotonic()
         if rate is None:
-            workload.submit(self.system, batch, per_transaction=50)
+            workload.submit(self.system, batch, per_transaction=50, saga=saga)
         else:
-            self._paced(batch, rate)
+            self._paced(batch, rate, saga)
         return self._finished(orders, started, before, before_steps)
 
     def place_backlog(self, orders: int) -> None:
@@ -242,8 +250,8 @@ class Bench:
 
     # -- helpers ----------------------------------------------------------------
 
-    def _paced(self, batch: list[OrderData], rate: float) -> None:
-        """Start the orders one per transaction, ``rate`` a second."""
+    def _paced(self, batch: list[OrderData], rate: float, saga: Saga[OrderData]) -> None:
+        """Start the orders one per transaction on ``saga``, ``rate`` a second."""
         started, sent = time.monotonic(), 0
 
         def pace(count: int) -> None:
@@ -251,7 +259,7 @@ class Bench:
             sent += count
             time.sleep(max(0.0, started + sent / rate - time.monotonic()))
 
-        workload.submit(self.system, batch, on_progress=pace, per_transaction=1)
+        workload.submit(self.system, batch, on_progress=pace, per_transaction=1, saga=saga)
 
     def _wait_finished(self, total: int, timeout: float) -> None:
         wait_until_finished(self.system.database_urls["orders"], timeout)
