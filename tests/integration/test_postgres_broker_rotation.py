@@ -196,3 +196,61 @@ def test_publishers_and_consumers_racing_rotations_lose_nothing(pg_broker: TestB
     missing = set(race.published) - set(race.received)
     twice = {body for body, n in race.received.items() if n > 1}
     assert not missing and not twice, f"{len(missing)} lost, {len(twice)} received twice"
+
+
+_FIRST_LAYOUT = """
+DROP SCHEMA IF EXISTS {s} CASCADE;
+CREATE SCHEMA {s};
+CREATE TABLE {s}.messages (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    body bytea NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{{}}',
+    properties jsonb NOT NULL DEFAULT '{{}}',
+    visible_at timestamptz NOT NULL DEFAULT now(),
+    lock_token uuid,
+    attempts integer NOT NULL DEFAULT 0,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX messages_ready ON {s}.messages (queue, visible_at, id);
+INSERT INTO {s}.messages (queue, body) VALUES ('q', 'ready'), ('q', 'taken');
+UPDATE {s}.messages SET lock_token = '00000000-0000-0000-0000-00000000000a',
+    attempts = 1, visible_at = now() + interval '1 hour' WHERE body = 'taken';
+"""
+
+
+def test_a_table_of_the_first_layout_becomes_a_ring_with_its_messages(
+    pg_broker: TestBroker,
+) -> None:
+    """An unpartitioned table left by an earlier version is converted on first connect:
+    its messages keep their ids, leases and attempts, and new ids follow theirs."""
+    schema = f"upgrade_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_broker.url, autocommit=True) as db:
+        db.execute(_FIRST_LAYOUT.format(s=schema).encode())
+        before = db.execute(
+            f"SELECT id, body, lock_token, attempts FROM {schema}.messages ORDER BY id"
+        ).fetchall()
+    try:
+        with pg_broker.config.connect() as conn:
+            conn.transport_options["schema"] = schema
+            channel = conn.channel()
+            ((payload, _),) = channel.claim(["q"], 10)
+            assert payload["body"] == b"ready"
+        with psycopg.connect(pg_broker.url) as db:
+            kind = db.execute(
+                "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (f"{schema}.messages",)
+            ).fetchone()
+            after = db.execute(
+                f"SELECT id, body, lock_token, attempts FROM {schema}.messages ORDER BY id"
+            ).fetchall()
+            db.execute(f"INSERT INTO {schema}.messages (queue, body) VALUES ('q', 'new')")
+            (new_id,) = db.execute(
+                f"SELECT id FROM {schema}.messages WHERE body = 'new'"
+            ).fetchone() or (0,)
+    finally:
+        with psycopg.connect(pg_broker.url, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE".encode())
+    assert kind == ("p",)
+    assert [row[1:] for row in after[1:]] == [row[1:] for row in before[1:]]  # the leased one
+    assert [row[0] for row in after] == [row[0] for row in before]
+    assert new_id > max(row[0] for row in before)
