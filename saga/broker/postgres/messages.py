@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 
 #: Partitions of the messages table, one per generation, used in a ring.
-GENERATIONS = 4
+GENERATIONS = 3
 
 #: Formatted with ``schema``, ``table``, ``ring`` and ``index`` identifiers. The ring's one
 #: row names the generation publishers write to; an INSERT that does not name a
