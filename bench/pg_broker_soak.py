@@ -45,10 +45,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BACKLOG = 5_000
 BATCH = 100
 
+#: The messages table is the union of its generations' partitions: their sums.
 _SAMPLE = """
-SELECT n_live_tup, n_dead_tup, autovacuum_count + vacuum_count, pg_total_relation_size(relid),
-       pg_relation_size(relid), pg_indexes_size(relid)
-FROM pg_stat_user_tables WHERE schemaname = 'saga_broker' AND relname = 'messages'
+SELECT sum(n_live_tup)::bigint, sum(n_dead_tup)::bigint,
+       sum(autovacuum_count + vacuum_count)::bigint, sum(pg_total_relation_size(relid))::bigint,
+       sum(pg_relation_size(relid))::bigint, sum(pg_indexes_size(relid))::bigint
+FROM pg_stat_user_tables WHERE schemaname = 'saga_broker' AND relname LIKE 'messages\\_%'
 """
 
 

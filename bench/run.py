@@ -171,6 +171,7 @@ def _pg_broker(args: argparse.Namespace, figures: Figures) -> list[Row]:
         (f"{name}, {processes} orchestrator process(es)", f"{rate:,.0f} sagas/s", "; ".join(notes)),
         *_pg_broker_alone(args, figures),
         *_held_snapshot(args, figures),
+        *_order_saga_held(args, figures),
     ]
 
 
@@ -203,6 +204,36 @@ def _held_snapshot(args: argparse.Namespace, figures: Figures) -> list[Row]:
             f"release: {soak['after_release_msg_per_s']} msg/s",
         )
     ]
+
+
+def _order_saga_held(args: argparse.Namespace, figures: Figures) -> list[Row]:
+    """The order saga at 20 orders/s with a snapshot held 2 minutes on every database, on
+    the PostgreSQL broker and on RabbitMQ (``bench.order_saga_soak``; ``--long``: 10 min)."""
+    from bench import order_saga_soak
+
+    result, failed = _attempt(
+        "order saga, snapshots held",
+        lambda: order_saga_soak.run(list(order_saga_soak.BROKERS), order_saga_soak.Plan()),
+    )
+    rows: list[Row] = []
+    for broker in order_saga_soak.BROKERS:
+        name = f"order saga, a snapshot held 2 min on every database, {broker}"
+        soak = result[broker]["summary"] if result else None
+        if not soak:
+            rows.append((name, "not measured", failed))
+            continue
+        figures[f"order_saga_held_ratio_min_{broker}"] = soak["held_ratio_min"]
+        size = soak["broker_bytes_max_held"]
+        rows.append(
+            (
+                name,
+                f"{soak['held_ratio_min']:.2f} of the rate before, at worst",
+                f"{soak['free_sagas_per_s']} sagas/s before; held windows "
+                f"{soak['held_ratio_per_window']}; after {soak['after_ratio_per_window']}"
+                + (f"; broker table {size / 1e6:.0f} MB at most" if size else ""),
+            )
+        )
+    return rows
 
 
 def _pg_broker_alone(args: argparse.Namespace, figures: Figures) -> list[Row]:

@@ -1,15 +1,33 @@
-"""The PostgreSQL broker's messages table: its definition, and the claim that takes the
-oldest visible messages of some queues under a lease."""
+"""The PostgreSQL broker's messages table: its definition (a ring of generations, see
+:mod:`saga.broker.postgres.rotation`), and the claim that takes the oldest visible
+messages of some queues under a lease."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 from psycopg import sql
 
-#: Formatted with ``schema``, ``table`` and ``index`` identifiers.
+#: Partitions of the messages table, one per generation, used in a ring.
+GENERATIONS = 3
+
+#: Formatted with ``schema``, ``table``, ``ring`` and ``index`` identifiers. The ring's one
+#: row names the generation publishers write to; an INSERT that does not name a
+#: generation gets that one (the publishers' statements name it, read once per statement).
 MESSAGES_DDL = """
 CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {ring} (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    generation smallint NOT NULL DEFAULT 0,
+    switched_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO {ring} DEFAULT VALUES ON CONFLICT DO NOTHING;
+CREATE OR REPLACE FUNCTION {current_generation}() RETURNS smallint
+    LANGUAGE sql STABLE AS {current_generation_body};
 CREATE TABLE IF NOT EXISTS {table} (
-    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id bigint GENERATED ALWAYS AS IDENTITY,
+    generation smallint NOT NULL DEFAULT {current_generation}(),
     queue text NOT NULL,
     body bytea NOT NULL,
     headers jsonb NOT NULL DEFAULT '{{}}',
@@ -17,10 +35,79 @@ CREATE TABLE IF NOT EXISTS {table} (
     visible_at timestamptz NOT NULL DEFAULT now(),
     lock_token uuid,
     attempts integer NOT NULL DEFAULT 0,
-    enqueued_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id);
+    enqueued_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, generation)
+) PARTITION BY LIST (generation);
 """
+
+_PARTITION_DDL = "CREATE TABLE IF NOT EXISTS {partition} PARTITION OF {table} FOR VALUES IN ({n})"
+_INDEX_DDL = "CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id)"
+
+#: The columns a message keeps when it changes tables.
+_COLUMNS = "id, queue, body, headers, properties, visible_at, lock_token, attempts, enqueued_at"
+
+#: A table of the first layout (one unpartitioned table), renamed away before the ring is
+#: made, its messages copied into it, then dropped.
+_UNPARTITIONED = "messages_unpartitioned"
+
+
+def partition(schema: str, generation: int) -> sql.Identifier:
+    """The table of one generation."""
+    return sql.Identifier(schema, f"messages_{generation}")
+
+
+def create_messages(db: psycopg.Connection[Any], schema: str) -> None:
+    """Create the messages table of ``schema`` (inside the caller's transaction, under its
+    lock), moving the messages of a table of the first, unpartitioned layout into it."""
+    table = sql.Identifier(schema, "messages")
+    row = db.execute(
+        "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (f"{schema}.messages",)
+    ).fetchone()
+    unpartitioned = row is not None and row[0] == "r"
+    if unpartitioned:
+        old = sql.Identifier(schema, _UNPARTITIONED)
+        db.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
+        db.execute(
+            sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(_UNPARTITIONED))
+        )
+        db.execute(
+            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT messages_pkey TO {}").format(
+                old, sql.Identifier(f"{_UNPARTITIONED}_pkey")
+            )
+        )
+        db.execute(
+            sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                sql.Identifier(schema, "messages_ready"), sql.Identifier(f"{_UNPARTITIONED}_ready")
+            )
+        )
+    ring = sql.Identifier(schema, "ring")
+    db.execute(
+        sql.SQL(MESSAGES_DDL).format(
+            schema=sql.Identifier(schema),
+            table=table,
+            ring=ring,
+            current_generation_body=sql.Literal(f'SELECT generation FROM "{schema}".ring'),
+            current_generation=sql.Identifier(schema, "current_generation"),
+        )
+    )
+    for n in range(GENERATIONS):
+        db.execute(sql.SQL(_PARTITION_DDL).format(partition=partition(schema, n), table=table, n=n))
+    db.execute(sql.SQL(_INDEX_DDL).format(index=sql.Identifier("messages_ready"), table=table))
+    if unpartitioned:
+        columns = sql.SQL(_COLUMNS)
+        db.execute(
+            sql.SQL("INSERT INTO {t} ({c}) OVERRIDING SYSTEM VALUE SELECT {c} FROM {old}").format(
+                t=table, c=columns, old=old
+            )
+        )
+        db.execute(
+            sql.SQL(
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), "
+                "(SELECT coalesce(max(id), 0) + 1 FROM {}), false)"
+            ).format(old),
+            (f'"{schema}".messages',),
+        )
+        db.execute(sql.SQL("DROP TABLE {}").format(old))
 
 
 def claim_statement(table: sql.Identifier) -> sql.Composed:
@@ -36,14 +123,15 @@ def claim_statement(table: sql.Identifier) -> sql.Composed:
     would grow with the messages consumed since the oldest snapshot still held.
     """
     return sql.SQL(
-        "WITH next AS (SELECT c.id, c.visible_at FROM "
+        "WITH next AS (SELECT c.id, c.generation, c.visible_at FROM "
         "unnest(%b::text[], %b::timestamptz[]) AS w(queue, floor), LATERAL "
-        "(SELECT id, visible_at FROM {t} WHERE queue = w.queue "
+        "(SELECT id, generation, visible_at FROM {t} WHERE queue = w.queue "
         "AND visible_at >= coalesce(w.floor, '-infinity') AND visible_at <= now() "
         "ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
         "ORDER BY c.visible_at, c.id LIMIT %s), "
         "taken AS (UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
-        "lock_token = %s, attempts = m.attempts + 1 FROM next WHERE m.id = next.id "
+        "lock_token = %s, attempts = m.attempts + 1 FROM next "
+        "WHERE m.id = next.id AND m.generation = next.generation "
         "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts, "
         "next.visible_at) "
         "SELECT *, NULL::timestamptz FROM taken "

@@ -33,11 +33,13 @@ CREATE TABLE IF NOT EXISTS {subscriptions} (
 );
 """
 
-#: Messages for queues named by their routing keys (no exchange): the plain insert.
+#: Messages for queues named by their routing keys (no exchange): the plain insert, into
+#: the current generation (:mod:`saga.broker.postgres.rotation`).
 _INSERT = """
-INSERT INTO {messages} (queue, body, headers, properties, visible_at)
-SELECT k, b, h::jsonb, p::jsonb, now() + d * interval '1 second'
-FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::text[], %b::text[], %b::float8[])
+INSERT INTO {messages} (generation, queue, body, headers, properties, visible_at)
+SELECT r.generation, k, b, h::jsonb, p::jsonb, now() + d * interval '1 second'
+FROM {ring} r,
+     unnest(%b::text[], %b::text[], %b::bytea[], %b::text[], %b::text[], %b::float8[])
      AS m(x, k, b, h, p, d)
 """
 
@@ -52,9 +54,9 @@ WITH m AS (
     SELECT m.n, CASE WHEN m.x = '' THEN m.k ELSE s.queue END AS queue, m.b, m.h, m.p, m.d
     FROM m LEFT JOIN {subscriptions} s ON m.x <> '' AND s.exchange = m.x AND s.routing_key = m.k
 ), inserted AS (
-    INSERT INTO {messages} (queue, body, headers, properties, visible_at)
-    SELECT queue, b, h::jsonb, p::jsonb, now() + d * interval '1 second'
-    FROM routed WHERE queue IS NOT NULL ORDER BY n, queue
+    INSERT INTO {messages} (generation, queue, body, headers, properties, visible_at)
+    SELECT r.generation, queue, b, h::jsonb, p::jsonb, now() + d * interval '1 second'
+    FROM {ring} r, routed WHERE queue IS NOT NULL ORDER BY n, queue
     RETURNING queue
 )
 SELECT ARRAY(SELECT DISTINCT queue FROM inserted),
@@ -147,9 +149,10 @@ class Bindings:
     def __init__(self, schema: str) -> None:
         self.table = sql.Identifier(schema, "subscriptions")
         messages = sql.Identifier(schema, "messages")
-        self._insert = sql.SQL(_INSERT).format(messages=messages)
+        ring = sql.Identifier(schema, "ring")
+        self._insert = sql.SQL(_INSERT).format(messages=messages, ring=ring)
         self._routed_insert = sql.SQL(_ROUTED_INSERT).format(
-            messages=messages, subscriptions=self.table
+            messages=messages, ring=ring, subscriptions=self.table
         )
 
     def bind(

@@ -56,7 +56,7 @@ from kombu.transport import virtual
 from psycopg import sql
 
 from saga.broker.postgres.low_water import LowWaterMarks
-from saga.broker.postgres.messages import MESSAGES_DDL, claim_statement
+from saga.broker.postgres.messages import claim_statement, create_messages
 from saga.broker.postgres.publishing import (
     DEFAULT_EXCHANGE,
     SUBSCRIPTIONS_DDL,
@@ -66,6 +66,7 @@ from saga.broker.postgres.publishing import (
     ReturnedMessage,
     columns_of,
 )
+from saga.broker.postgres.rotation import ROTATE_INTERVAL, Rotation
 from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.db.sql import validate_name
 from saga.db.vacuum_horizon import read_vacuum_horizon, warn_if_held
@@ -140,11 +141,13 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         "lease",
         "requeue_delay",
         "vacuum_interval",
+        "rotate_interval",
     )
     schema = DEFAULT_SCHEMA
     lease = DEFAULT_LEASE
     requeue_delay = 0.0
     vacuum_interval = VACUUM_INTERVAL
+    rotate_interval = ROTATE_INTERVAL
 
     def __init__(self, connection: Transport, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -157,6 +160,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         connection.ensure_schema(self.db, self.schema)
         self._pending_acks: list[tuple[int, str]] = []
         self.low_water = LowWaterMarks()
+        self.rotation = Rotation(self.schema, self.rotate_interval)
         self._next_warning = 0.0
         self._last_vacuum = float("-inf")
         self._held: dict[str, int] = {}  # lock token -> messages of its claim not yet settled
@@ -363,28 +367,34 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             self._renewer.start()
 
     def _renew_loop(self) -> None:
-        """Renew the leases held (every third of a lease) and vacuum the table now and then,
-        on a connection of its own: the consuming connection never waits for either."""
+        """Renew the leases held (every third of a lease), rotate the table's generations
+        and vacuum it now and then, on a connection of its own: the consuming connection
+        never waits for any of them."""
         db: psycopg.Connection[Any] | None = None
-        vacuumed = monotonic()
-        pause = min(self.lease / 3, self.vacuum_interval or self.lease)
+        vacuumed = rotated = monotonic()
+        pause = min(self.lease / 3, *(i for i in (self.vacuum_interval, self.rotate_interval) if i))
         try:
             while not self._stop_renewing.wait(pause):
                 with self._held_lock:
                     tokens = list(self._held)
-                due = bool(self.vacuum_interval) and monotonic() - vacuumed >= self.vacuum_interval
-                if not (tokens or due):
+                clock = monotonic()
+                vacuum = bool(self.vacuum_interval) and clock - vacuumed >= self.vacuum_interval
+                rotate = bool(self.rotate_interval) and clock - rotated >= self.rotate_interval
+                if not (tokens or vacuum or rotate):
                     continue
                 try:
                     if db is None or db.closed:
                         db = self.connection.connect_db()
                     if tokens:
                         self.renew(db, tokens)
-                    if due:
+                    if rotate:
+                        rotated = monotonic()
+                        self.rotation.run(db)
+                    if vacuum:
                         vacuumed = monotonic()
                         self.vacuum(db)
                 except psycopg.Error as exc:
-                    logger.warning("lease renewal or vacuum failed: %s", exc)
+                    logger.warning("lease renewal, rotation or vacuum failed: %s", exc)
                     db = None
         finally:
             if db is not None:
@@ -536,18 +546,17 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         if schema in self._schemas_ready:
             return
         exists = db.execute(
-            "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+            "SELECT (SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)) "
+            "AND to_regclass(%s) IS NOT NULL",
             (f"{schema}.messages", f"{schema}.subscriptions"),
         ).fetchone()
         if not (exists and exists[0]):
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
+                create_messages(db, schema)
                 db.execute(
-                    sql.SQL(MESSAGES_DDL + SUBSCRIPTIONS_DDL).format(
-                        schema=sql.Identifier(schema),
-                        table=sql.Identifier(schema, "messages"),
-                        index=sql.Identifier("messages_ready"),
-                        subscriptions=sql.Identifier(schema, "subscriptions"),
+                    sql.SQL(SUBSCRIPTIONS_DDL).format(
+                        subscriptions=sql.Identifier(schema, "subscriptions")
                     )
                 )
         self._schemas_ready.add(schema)
