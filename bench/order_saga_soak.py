@@ -40,7 +40,7 @@ import psycopg
 from bench.environment import AMQP_URL, ScratchDatabase
 from saga.examples.order_saga import workload
 from saga.examples.order_saga.cluster import SAGA_SERVICES, TARGETS, Cluster
-from saga.examples.order_saga.supervisor import Supervisor
+from tests.rig.supervisor import Supervisor
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BROKERS = ("postgres", "rabbitmq")
