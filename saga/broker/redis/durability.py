@@ -14,7 +14,6 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import redis.exceptions
 from kombu import Connection
 
 from saga.errors import UnsafeDurability
@@ -48,6 +47,10 @@ def check_broker_durability(broker: BrokerConfig, connection: Connection) -> Non
     survive a restart, as the PostgreSQL broker's rows do). A server where ``CONFIG`` is disabled
     or not permitted cannot be checked: that is logged, and the broker is used.
     """
+    # Imported here: the redis client library costs every process a fifth of a second at
+    # start, and only a process on a Redis broker gets this far.
+    import redis.exceptions
+
     client = connection.default_channel.client
     try:
         settings = {
