@@ -18,10 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-import psycopg
-
 from saga.consumers.inbox import Inbox
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.messaging.leases import Leases
 from saga.messaging.outbox import NewOutboxRow, Outbox, OutgoingMessage, held_back
 
@@ -45,7 +43,7 @@ class Closing:
 
     def close(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         consumer: str,
         rows: Sequence[NewOutboxRow],
         replies: Sequence[tuple[UUID, OutgoingMessage]],
@@ -56,7 +54,7 @@ class Closing:
         published rows this deletes (done once the transaction commits)."""
         if leases is None or any(held_back(row) for row in rows):
             # held back rows wait for their time, not for this consumer
-            self.outbox.insert_rows(conn, [r for r in rows if leases is None or held_back(r)])
+            self.outbox.insert_rows(tx, [r for r in rows if leases is None or held_back(r)])
         now = [] if leases is None else [row for row in rows if not held_back(row)]
         earlier = [] if leases is None else [row.id for row in leases.written]
         published = [] if leases is None else list(leases.published)
@@ -86,7 +84,7 @@ class Closing:
         if not ctes:
             return 0
         statement = "WITH " + ",\n".join(ctes) + "\n" + ("\nUNION ALL\n".join(selects) or "SELECT")
-        returned = conn.execute(statement, params, prepare=True).fetchall()
+        returned = tx.execute(statement, params, prepare=True).fetchall()
         if leases is not None and selects:
             kept = {row[0] for row in returned if row[1] is None}
             leases.written[:] = [row for row in leases.written if row.id in kept]

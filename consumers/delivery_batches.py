@@ -44,6 +44,7 @@ from saga.consumers.closing import Closing
 from saga.consumers.decoding import Decoded, decode
 from saga.consumers.failures import FailurePaths
 from saga.consumers.inbox import Inbox
+from saga.db.sql import Tx
 from saga.effects.side_effects import SideEffects
 from saga.errors import (
     BatchConflict,
@@ -179,9 +180,7 @@ class DeliveryBatchProcessor:
         )
         self.max_message_bytes = max_message_bytes or self.outbox.max_message_bytes
 
-    def process(
-        self, conn: psycopg.Connection[Any], deliveries: Sequence[Delivery]
-    ) -> list[DeliveryOutcome]:
+    def process(self, tx: Tx, deliveries: Sequence[Delivery]) -> list[DeliveryOutcome]:
         """Handle ``deliveries`` and commit them together; return one outcome each.
 
         Raises :class:`BatchConflict` when a handler hits a lock conflict in a batch of
@@ -194,10 +193,10 @@ class DeliveryBatchProcessor:
         checked = [self._check(delivery) for delivery in deliveries]
         if len(deliveries) == 1 and not tracing.records_spans():
             try:
-                return self._transaction(conn, deliveries, checked, alone=True)
+                return self._transaction(tx, deliveries, checked, alone=True)
             except LoneDeliveryFailed as failed:
-                return self._transaction(conn, deliveries, checked, failed=failed)
-        return self._transaction(conn, deliveries, checked)
+                return self._transaction(tx, deliveries, checked, failed=failed)
+        return self._transaction(tx, deliveries, checked)
 
     def _transaction(
         self,
@@ -241,27 +240,25 @@ class DeliveryBatchProcessor:
         self._count(len(deliveries))
         return outcomes
 
-    def dead_letter_poison(
-        self, conn: psycopg.Connection[Any], delivery: Delivery, error: BaseException
-    ) -> None:
+    def dead_letter_poison(self, tx: Tx, delivery: Delivery, error: BaseException) -> None:
         """Record a delivery whose transaction itself keeps failing, in a transaction of its own."""
-        self.failures.dead_letter_poison(conn, delivery.body, delivery.content_type, error)
+        self.failures.dead_letter_poison(tx, delivery.body, delivery.content_type, error)
 
     # -- segments ------------------------------------------------------------
 
     def _handle_all(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         items: list[tuple[Delivery, Decoded | Rejection]],
         alone: bool,
     ) -> list[DeliveryOutcome]:
         # Where spans are recorded, a delivery is never run twice: each message keeps
         # exactly one span.
         if tracing.records_spans():
-            return [self._careful(conn, delivery, item) for delivery, item in items]
+            return [self._careful(tx, delivery, item) for delivery, item in items]
         if alone:
             delivery, item = items[0]
-            outcome = self._handle(conn, delivery, item, careful=False)
+            outcome = self._handle(tx, delivery, item, careful=False)
             if isinstance(outcome, DeliveryOutcome):
                 return [outcome]
             # A handler that needed a savepoint to go on runs again with one; any other
@@ -270,11 +267,11 @@ class DeliveryBatchProcessor:
         outcomes: list[DeliveryOutcome] = []
         while len(outcomes) < len(items):
             start = len(outcomes)
-            outcomes += self._segment(conn, items[start : start + SEGMENT])
+            outcomes += self._segment(tx, items[start : start + SEGMENT])
         return outcomes
 
     def _segment(
-        self, conn: psycopg.Connection[Any], items: list[tuple[Delivery, Decoded | Rejection]]
+        self, tx: Tx, items: list[tuple[Delivery, Decoded | Rejection]]
     ) -> list[DeliveryOutcome]:
         """Handle ``items`` under one savepoint, up to and including the first that fails.
 
@@ -284,22 +281,22 @@ class DeliveryBatchProcessor:
         """
         scope = self._scope
         mark, scope_mark = self._staged.mark(), scope.mark() if scope is not None else None
-        conn.execute("SAVEPOINT segment", prepare=False)
+        tx.execute("SAVEPOINT segment", prepare=False)
         outcomes: list[DeliveryOutcome] = []
         for delivery, item in items:
-            outcome = self._handle(conn, delivery, item, careful=False)
+            outcome = self._handle(tx, delivery, item, careful=False)
             if isinstance(outcome, DeliveryOutcome):
                 outcomes.append(outcome)
                 continue
-            conn.execute("ROLLBACK TO SAVEPOINT segment", prepare=False)
+            tx.execute("ROLLBACK TO SAVEPOINT segment", prepare=False)
             self._staged.restore(mark)
             if scope is not None:
                 scope.restore(scope_mark)
-            again = [self._careful(conn, d, it) for d, it in items[: len(outcomes)]]
+            again = [self._careful(tx, d, it) for d, it in items[: len(outcomes)]]
             # A handler that needed a savepoint to go on runs again with one; any other
             # failure would have been the same with one: its first try is done.
             first_try = None if isinstance(outcome, NeedsSavepoint) else outcome
-            return [*again, self._careful(conn, delivery, item, first_try=first_try)]
+            return [*again, self._careful(tx, delivery, item, first_try=first_try)]
         return outcomes
 
     # -- one delivery --------------------------------------------------------
@@ -319,9 +316,7 @@ class DeliveryBatchProcessor:
         except Rejection as rejection:
             return rejection
 
-    def _open(
-        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection]
-    ) -> tuple[set[UUID], set[str]]:
+    def _open(self, tx: Tx, checked: list[Decoded | Rejection]) -> tuple[set[UUID], set[str]]:
         """Inbox rows for every decoded delivery, and the step-key locks of the forward
         commands, in one statement: the ids not processed before, the closed step keys."""
         envelopes = [item.envelope for item in checked if isinstance(item, Decoded)]
@@ -331,10 +326,10 @@ class DeliveryBatchProcessor:
         keys = [envelope.step_key for envelope in envelopes]
         # the same message in another open batch, or a compensation of the same step in flight
         with self._conflicts_end_the_batch():
-            return self.inbox.open(conn, self.service.name, ids, keys)
+            return self.inbox.open(tx, self.service.name, ids, keys)
 
     def _answer_duplicates(
-        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
+        self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID]
     ) -> None:
         """Send again what this consumer replied to the messages it had handled before."""
         again = [
@@ -345,9 +340,9 @@ class DeliveryBatchProcessor:
         if not again:
             return
         leases = active_leases()
-        written = self.inbox.answer_again(conn, self.service.name, again, leases)
+        written = self.inbox.answer_again(tx, self.service.name, again, leases)
         if leases is None:
-            self.outbox.written(conn, written)
+            self.outbox.written(tx, written)
         if written:
             logger.info(
                 "%s answered %d duplicate(s) again with %d kept reply(ies)",
@@ -358,7 +353,7 @@ class DeliveryBatchProcessor:
             )
 
     def _open_scope(
-        self, conn: psycopg.Connection[Any], checked: list[Decoded | Rejection], fresh: set[UUID]
+        self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID]
     ) -> StagedWrites | None:
         """The service's batch scope, for a batch of several new deliveries (else None)."""
         writing = self.service.batch_writing
@@ -371,22 +366,22 @@ class DeliveryBatchProcessor:
         ]
         if len(envelopes) < 2:
             return None
-        return writing.open(conn, envelopes)
+        return writing.open(tx, envelopes)
 
     def _careful(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         delivery: Delivery,
         item: Decoded | Rejection,
         first_try: Exception | None = None,
     ) -> DeliveryOutcome:
-        outcome = self._handle(conn, delivery, item, careful=True, first_try=first_try)
+        outcome = self._handle(tx, delivery, item, careful=True, first_try=first_try)
         assert isinstance(outcome, DeliveryOutcome)  # careful handling settles every failure
         return outcome
 
     def _handle(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         delivery: Delivery,
         item: Decoded | Rejection,
         *,
@@ -398,17 +393,17 @@ class DeliveryBatchProcessor:
         staged = self._staged
         outcome: DeliveryOutcome | Exception
         if isinstance(item, Rejection):
-            self.failures.reject(conn, delivery.body, delivery.content_type, item)
+            self.failures.reject(tx, delivery.body, delivery.content_type, item)
             outcome = DeliveryOutcome.REJECTED
         elif item.envelope.message_id not in staged.fresh:
             outcome = DeliveryOutcome.DUPLICATE
         elif (deliveries := delivery_count(delivery.headers)) >= self.delivery_limit:
             staged.fresh.discard(item.envelope.message_id)
-            self.failures.delivery_limit_reached(conn, delivery.body, item, deliveries)
+            self.failures.delivery_limit_reached(tx, delivery.body, item, deliveries)
             outcome = DeliveryOutcome.DEAD_LETTERED
         elif item.envelope.step_key in staged.closed:
             staged.fresh.discard(item.envelope.message_id)
-            self.failures.refuse_closed(conn, item)
+            self.failures.refuse_closed(tx, item)
             outcome = DeliveryOutcome.STALE
         else:
             staged.fresh.discard(item.envelope.message_id)  # a second copy is a duplicate
@@ -427,14 +422,14 @@ class DeliveryBatchProcessor:
                     attributes=_span_attributes(envelope, self.service.name),
                 ),
             ):
-                outcome = self._run(conn, delivery, item, careful, first_try)
+                outcome = self._run(tx, delivery, item, careful, first_try)
         if isinstance(outcome, DeliveryOutcome):
             staged.handled.append((outcome, time.perf_counter() - started))
         return outcome
 
     def _run(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         delivery: Delivery,
         decoded: Decoded,
         careful: bool,
@@ -443,38 +438,36 @@ class DeliveryBatchProcessor:
         try:  # the common case: one try, no retry controller built
             if first_try is not None:
                 raise first_try
-            return self._conflict_aware(conn, decoded, careful)
+            return self._conflict_aware(tx, decoded, careful)
         except BatchConflict:
             raise
         except Exception as exc:
             if not careful:
                 return exc  # the segment rolls back; this delivery is then handled with care
             if isinstance(exc, StepFailed):
-                self.failures.business_failure(conn, decoded, exc)
+                self.failures.business_failure(tx, decoded, exc)
                 return DeliveryOutcome.BUSINESS_FAILURE
             policy = decoded.spec.retry
             if not policy.is_retriable(exc) or policy.immediate_attempts == 1:
-                return self._technical_failure(conn, delivery, decoded, exc, 1)
-        return self._retry(conn, delivery, decoded)
+                return self._technical_failure(tx, delivery, decoded, exc, 1)
+        return self._retry(tx, delivery, decoded)
 
-    def _retry(
-        self, conn: psycopg.Connection[Any], delivery: Delivery, decoded: Decoded
-    ) -> DeliveryOutcome:
+    def _retry(self, tx: Tx, delivery: Delivery, decoded: Decoded) -> DeliveryOutcome:
         """The first try failed: the policy's other immediate tries (tenacity), then the rest."""
         retrying = decoded.spec.retry.retries()
         try:
             for attempt in retrying:
                 with attempt:
-                    outcome = self._conflict_aware(conn, decoded, careful=True)
+                    outcome = self._conflict_aware(tx, decoded, careful=True)
             return outcome
         except BatchConflict:
             raise
         except StepFailed as failure:
-            self.failures.business_failure(conn, decoded, failure)
+            self.failures.business_failure(tx, decoded, failure)
             return DeliveryOutcome.BUSINESS_FAILURE
         except Exception as exc:
             tries = 1 + int(retrying.statistics.get("attempt_number", 1))
-            return self._technical_failure(conn, delivery, decoded, exc, tries)
+            return self._technical_failure(tx, delivery, decoded, exc, tries)
         finally:
             if self.metrics is not None:
                 retries = int(retrying.statistics.get("attempt_number", 1))
@@ -484,13 +477,13 @@ class DeliveryBatchProcessor:
 
     def _technical_failure(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         delivery: Delivery,
         decoded: Decoded,
         exc: Exception,
         tries: int,
     ) -> DeliveryOutcome:
-        retried = self.failures.technical_failure(conn, delivery.body, decoded, exc, tries)
+        retried = self.failures.technical_failure(tx, delivery.body, decoded, exc, tries)
         return DeliveryOutcome.RETRY_SCHEDULED if retried else DeliveryOutcome.DEAD_LETTERED
 
     def _count(self, batch_size: int) -> None:
@@ -525,15 +518,11 @@ class DeliveryBatchProcessor:
                 raise BatchConflict(f"{type(exc).__name__} in a batch: {exc}") from exc
             raise
 
-    def _conflict_aware(
-        self, conn: psycopg.Connection[Any], decoded: Decoded, careful: bool
-    ) -> DeliveryOutcome:
+    def _conflict_aware(self, tx: Tx, decoded: Decoded, careful: bool) -> DeliveryOutcome:
         with self._conflicts_end_the_batch():
-            return self._attempt(conn, decoded, careful)
+            return self._attempt(tx, decoded, careful)
 
-    def _attempt(
-        self, conn: psycopg.Connection[Any], decoded: Decoded, careful: bool
-    ) -> DeliveryOutcome:
+    def _attempt(self, tx: Tx, decoded: Decoded, careful: bool) -> DeliveryOutcome:
         envelope = decoded.envelope
         # Handled with care, a delivery's writes are undone alone (a service writing batches
         # at once stages its writes and guards its own savepoints); otherwise its segment's
@@ -541,15 +530,15 @@ class DeliveryBatchProcessor:
         if self._scope is not None:
             self._scope.guarded = careful
         guarded = careful and self._scope is None
-        with _savepoint(conn) if guarded else nullcontext():
+        with _savepoint(tx) if guarded else nullcontext():
             ctx = HandlerContext(
                 envelope, self.service.name, self.metrics, self.effects, batch=self._scope
             )
             closing = ctx.compensated_key if envelope.reply_to else None  # a command, not a reply
             if closing is not None:
-                self.closed_steps.close(conn, self.service.name, closing)
+                self.closed_steps.close(tx, self.service.name, closing)
                 self._staged.closed.add(closing)  # its command later in this batch is refused
-            result = decoded.spec.func(conn, decoded.message, ctx)
+            result = decoded.spec.func(tx, decoded.message, ctx)
             self._reply(ctx, result, decoded)
             rows = self.outbox.rows(ctx.outgoing)  # checked now: a message too large fails here
         self._staged.rows.extend(rows)
@@ -588,18 +577,18 @@ def _sent_at(delivery: Delivery, created_at: float) -> float:
 
 
 @contextmanager
-def _savepoint(conn: psycopg.Connection[Any]) -> Iterator[None]:
+def _savepoint(tx: Tx) -> Iterator[None]:
     """One delivery's writes, undone alone if it fails.
 
     Never released: a release costs a round trip per delivery, and the batch's
     commit ends every savepoint at once.
     """
-    conn.execute("SAVEPOINT delivery", prepare=False)
+    tx.execute("SAVEPOINT delivery", prepare=False)
     try:
         yield
     except BaseException:
-        if not conn.broken:
-            conn.execute("ROLLBACK TO SAVEPOINT delivery", prepare=False)
+        if not tx.broken:
+            tx.execute("ROLLBACK TO SAVEPOINT delivery", prepare=False)
         raise
 
 

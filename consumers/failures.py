@@ -21,6 +21,7 @@ import psycopg
 
 from saga.consumers.decoding import Decoded
 from saga.consumers.inbox import Inbox
+from saga.db.sql import Tx
 from saga.errors import DeliveryLimitReached, MessageTooLarge, Rejection, StepFailed
 from saga.handlers.context import HandlerContext
 from saga.messaging.control import DEAD_LETTERED, STEP_CLOSED, FailureReply
@@ -45,16 +46,14 @@ class FailurePaths:
     #: Keeps the replies a delivery sent with its inbox row (answers to duplicates).
     keep: Callable[[HandlerContext], None]
 
-    def business_failure(
-        self, conn: psycopg.Connection[Any], decoded: Decoded, failure: StepFailed
-    ) -> None:
+    def business_failure(self, tx: Tx, decoded: Decoded, failure: StepFailed) -> None:
         """The handler refused the command: its writes are gone, a failure reply is sent."""
         envelope = decoded.envelope
         ctx = HandlerContext(envelope, self.consumer)
         reply = FailureReply(reason=failure.reason, code=failure.code, failed_type=envelope.type)
         if ctx.reply(reply) is None:
-            self.dead_letter_failure(conn, decoded, failure, tries=1)
-        self.outbox.add_many(conn, ctx.outgoing)
+            self.dead_letter_failure(tx, decoded, failure, tries=1)
+        self.outbox.add_many(tx, ctx.outgoing)
         self.keep(ctx)
         logger.info(
             "%s refused %s: %s",
@@ -64,7 +63,7 @@ class FailurePaths:
             extra=self._log_extra(decoded),
         )
 
-    def refuse_closed(self, conn: psycopg.Connection[Any], decoded: Decoded) -> None:
+    def refuse_closed(self, tx: Tx, decoded: Decoded) -> None:
         """Acknowledge a command whose step was compensated here, without running it."""
         envelope = decoded.envelope
         reason = (
@@ -73,7 +72,7 @@ class FailurePaths:
         )
         ctx = HandlerContext(envelope, self.consumer)
         ctx.reply(FailureReply(reason=reason, code=STEP_CLOSED, failed_type=envelope.type))
-        self.outbox.add_many(conn, ctx.outgoing)
+        self.outbox.add_many(tx, ctx.outgoing)
         self.keep(ctx)
         logger.warning(
             "%s refused stale %s: %s",
@@ -85,7 +84,7 @@ class FailurePaths:
 
     def technical_failure(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         body: bytes,
         decoded: Decoded,
         exc: Exception,
@@ -97,7 +96,7 @@ class FailurePaths:
         """
         envelope = decoded.envelope
         # Not processed: the retry (same message id) or a later replay must get through.
-        self.inbox.forget(conn, self.consumer, envelope.message_id)
+        self.inbox.forget(tx, self.consumer, envelope.message_id)
         policy = decoded.spec.retry
         delay = policy.delay_after(envelope.attempt) if policy.is_retriable(exc) else None
         extra = self._log_extra(decoded)
@@ -111,7 +110,7 @@ class FailurePaths:
                 }
             )
             try:
-                self.outbox.add_many(conn, [OutgoingMessage(retry, self.consumer, delay)])
+                self.outbox.add_many(tx, [OutgoingMessage(retry, self.consumer, delay)])
             except MessageTooLarge:
                 pass  # the headers pushed it over the cap: dead-letter it instead
             else:
@@ -134,28 +133,28 @@ class FailurePaths:
             exc,
             extra=extra,
         )
-        self.dead_letter_failure(conn, decoded, exc, tries=total, body=body)
-        self._tell_sender(conn, decoded, f"dead-lettered after {total} attempts: {exc!r}")
+        self.dead_letter_failure(tx, decoded, exc, tries=total, body=body)
+        self._tell_sender(tx, decoded, f"dead-lettered after {total} attempts: {exc!r}")
         return False
 
     def delivery_limit_reached(
-        self, conn: psycopg.Connection[Any], body: bytes, decoded: Decoded, deliveries: int
+        self, tx: Tx, body: bytes, decoded: Decoded, deliveries: int
     ) -> None:
         """Dead-letter, without running its handler, a message whose earlier ``deliveries``
         all came back unsettled (the consumer died on it each time), so that the ones
         behind it flow again; a saga waiting for its answer hears of it."""
-        self.inbox.forget(conn, self.consumer, decoded.envelope.message_id)  # for a replay
+        self.inbox.forget(tx, self.consumer, decoded.envelope.message_id)  # for a replay
         reason = f"delivery limit reached after {deliveries} deliveries"
         logger.error(
             "%s dead-lettered: %s", decoded.envelope.type, reason, extra=self._log_extra(decoded)
         )
         error = DeliveryLimitReached(reason)
-        self.dead_letter_failure(conn, decoded, error, tries=deliveries, body=body)
-        self._tell_sender(conn, decoded, f"dead-lettered: {reason}")
+        self.dead_letter_failure(tx, decoded, error, tries=deliveries, body=body)
+        self._tell_sender(tx, decoded, f"dead-lettered: {reason}")
 
     def dead_letter_failure(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         decoded: Decoded,
         exc: BaseException,
         *,
@@ -165,7 +164,7 @@ class FailurePaths:
         envelope = decoded.envelope
         first = envelope.headers.get(FIRST_FAILED_HEADER)
         self.dead_letters.add(
-            conn,
+            tx,
             DeadLetter(
                 consumer=self.consumer,
                 reason="failed",
@@ -207,7 +206,7 @@ class FailurePaths:
 
     def reject(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         body: bytes,
         content_type: str | None,
         rejection: Rejection,
@@ -221,7 +220,7 @@ class FailurePaths:
             extra={"consumer": self.consumer, "message_id": str(rejection.message_id)},
         )
         self.dead_letters.add(
-            conn,
+            tx,
             DeadLetter(
                 consumer=self.consumer,
                 reason="rejected",
@@ -236,12 +235,12 @@ class FailurePaths:
             ),
         )
 
-    def _tell_sender(self, conn: psycopg.Connection[Any], decoded: Decoded, reason: str) -> None:
+    def _tell_sender(self, tx: Tx, decoded: Decoded, reason: str) -> None:
         """A sender waiting for a reply (a saga) learns that its request became a dead letter."""
         ctx = HandlerContext(decoded.envelope, self.consumer)
         failure = FailureReply(reason=reason, code=DEAD_LETTERED, failed_type=decoded.envelope.type)
         if ctx.reply(failure) is not None:
-            self.outbox.add_many(conn, ctx.outgoing)
+            self.outbox.add_many(tx, ctx.outgoing)
 
     def _log_extra(self, decoded: Decoded) -> dict[str, str | None]:
         envelope = decoded.envelope

@@ -12,9 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-import psycopg
-
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.handlers.closed_steps import LOCK_SEED
 from saga.messaging.leases import Leases
 from saga.messaging.outbox import OutgoingMessage
@@ -91,7 +89,7 @@ class Inbox:
 
     def open(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         consumer: str,
         message_ids: list[UUID],
         step_keys: list[str | None],
@@ -108,16 +106,16 @@ class Inbox:
             params.update(ids=message_ids, keys=step_keys)
         fresh: set[UUID] = set()
         closed: set[str] = set()
-        for message_id, key in conn.execute(query, params, prepare=True):
+        for message_id, key in tx.execute(query, params, prepare=True):
             if message_id is not None:
                 fresh.add(message_id)
             else:
                 closed.add(key)
         return fresh, closed
 
-    def forget(self, conn: psycopg.Connection[Any], consumer: str, message_id: UUID) -> None:
+    def forget(self, tx: Tx, consumer: str, message_id: UUID) -> None:
         """Drop the row of a message that was not processed after all (retried or dead-lettered)."""
-        conn.execute(self._forget, (consumer, message_id))
+        tx.execute(self._forget, (consumer, message_id))
 
     def replies_kept(
         self,
@@ -145,7 +143,7 @@ class Inbox:
 
     def answer_again(
         self,
-        conn: psycopg.Connection[Any],
+        tx: Tx,
         consumer: str,
         message_ids: list[UUID],
         leases: Leases | None,
@@ -153,6 +151,6 @@ class Inbox:
         """Write the kept replies to these (duplicate) messages to the outbox again, under
         their original message ids, leased to ``leases`` if given; return the new row ids."""
         lease = None if leases is None else leases.lease
-        cur = conn.execute(self._answer_again, (lease, consumer, message_ids), prepare=True)
+        cur = tx.execute(self._answer_again, (lease, consumer, message_ids), prepare=True)
         returned = cur.fetchall()
         return [row[0] for row in returned] if leases is None else leases.add_written(returned)

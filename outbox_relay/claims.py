@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 from uuid import UUID
 
-import psycopg
-
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.errors import UnsafeDurability
 
 _CLAIM = """
@@ -108,62 +105,58 @@ class RelayStore:
         self._quarantine = render(_QUARANTINE, schema)
         self._promote = render(_PROMOTE_DUE, schema)
 
-    def claim(self, conn: psycopg.Connection[Any], limit: int, floor: int = 0) -> list[OutboxRow]:
+    def claim(self, tx: Tx, limit: int, floor: int = 0) -> list[OutboxRow]:
         """Lock up to ``limit`` ready rows from id ``floor`` on, in id order, skipping rows
         other relays hold (:mod:`outbox_relay.sweep_floor` says why a floor)."""
-        rows = conn.execute(self._claim, (floor, limit), prepare=True).fetchall()
+        rows = tx.execute(self._claim, (floor, limit), prepare=True).fetchall()
         return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
 
-    def next_id(self, conn: psycopg.Connection[Any]) -> int:
+    def next_id(self, tx: Tx) -> int:
         """The id the outbox's next row will get (ids below it are taken)."""
-        row = conn.execute(_NEXT_ID, (self._outbox,), prepare=True).fetchone()
+        row = tx.execute(_NEXT_ID, (self._outbox,), prepare=True).fetchone()
         return int(row[0]) if row else 0
 
-    def take_ids(self, conn: psycopg.Connection[Any], ids: list[int]) -> list[OutboxRow]:
+    def take_ids(self, tx: Tx, ids: list[int]) -> list[OutboxRow]:
         """Delete and return the given ready rows in id order, skipping any a relay holds.
 
         One statement instead of claim + delete: the caller publishes the rows and
         rolls back if the broker refuses any, which puts them all back. The transaction's
         commit does not wait for the disk (see ``_ASYNC_COMMIT``).
         """
-        rows = sorted(conn.execute(self._take_ids, (ids,), prepare=True).fetchall())
+        rows = sorted(tx.execute(self._take_ids, (ids,), prepare=True).fetchall())
         return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
 
-    def delete(self, conn: psycopg.Connection[Any], ids: list[int]) -> None:
+    def delete(self, tx: Tx, ids: list[int]) -> None:
         """Delete published rows; the transaction's commit then does not wait for the disk."""
         if ids:
-            conn.execute(self._delete, (ids,), prepare=True)
+            tx.execute(self._delete, (ids,), prepare=True)
 
-    def release(self, conn: psycopg.Connection[Any], ids: list[int]) -> None:
+    def release(self, tx: Tx, ids: list[int]) -> None:
         """Make rows leased to a consumer ready for the relays now."""
         if ids:
-            conn.execute(self._release, (ids,))
+            tx.execute(self._release, (ids,))
 
-    def defer(
-        self, conn: psycopg.Connection[Any], row_id: int, error: str, delay: timedelta
-    ) -> None:
+    def defer(self, tx: Tx, row_id: int, error: str, delay: timedelta) -> None:
         """Record a failed publish and hold the row back for ``delay``."""
-        conn.execute(self._defer, (error, delay, row_id))
+        tx.execute(self._defer, (error, delay, row_id))
 
-    def quarantine(
-        self, conn: psycopg.Connection[Any], row_id: int, error_type: str, error: str
-    ) -> None:
+    def quarantine(self, tx: Tx, row_id: int, error_type: str, error: str) -> None:
         """Move a row that cannot be published to the dead letters, with its reason."""
-        conn.execute(self._quarantine, (row_id, error_type, error))
+        tx.execute(self._quarantine, (row_id, error_type, error))
 
-    def promote_due(self, conn: psycopg.Connection[Any], limit: int = 1000) -> int:
+    def promote_due(self, tx: Tx, limit: int = 1000) -> int:
         """Make scheduled rows whose time has come ready to claim; return how many."""
-        cur = conn.execute(self._promote, (limit,), prepare=True)
+        cur = tx.execute(self._promote, (limit,), prepare=True)
         return cur.rowcount
 
 
-def check_durability(conn: psycopg.Connection[Any], *, allow_async_commit: bool) -> None:
+def check_durability(tx: Tx, *, allow_async_commit: bool) -> None:
     """Refuse to relay when commits on this server may be lost in a crash.
 
     With ``synchronous_commit = off`` a writer's commit returns before it is
     on disk: the relay could publish a message that a crash then erases.
     """
-    row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    row = tx.execute("SELECT current_setting('synchronous_commit')").fetchone()
     setting = row[0] if row else "on"
     if setting == "off" and not allow_async_commit:
         raise UnsafeDurability(

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from saga.dashboard.databases import Databases
-from saga.db.sql import render
+from saga.db.sql import Tx, render
 from saga.engine.orchestrator import request_cancel
 from saga.engine.store import SagaStore
 from saga.errors import DeadLetterNotFound
@@ -58,14 +58,14 @@ class RecordedAction:
 
 
 def record(
-    conn: psycopg.Connection[Any],
+    tx: Tx,
     schema: str,
     actor: Actor,
     action: str,
     target: dict[str, Any],
     result: str,
 ) -> None:
-    conn.execute(
+    tx.execute(
         render(_RECORD, schema), (actor.operator, actor.client, action, Jsonb(target), result)
     )
 
@@ -77,8 +77,8 @@ def recent(databases: Databases, service: str, limit: int = 100) -> list[Recorde
     return [RecordedAction(*row) for row in rows]
 
 
-def _letters(conn: psycopg.Connection[Any], schema: str, where: DeadLetterFilter) -> list[Any]:
-    letters = DeadLetterStore(schema).find(conn, where)
+def _letters(tx: Tx, schema: str, where: DeadLetterFilter) -> list[Any]:
+    letters = DeadLetterStore(schema).find(tx, where)
     if where.ids is not None:
         missing = sorted(set(where.ids) - {letter.id for letter in letters})
         if missing:
@@ -117,8 +117,8 @@ def replay_letters(
     """Replay the letters ``where`` selects (superseded ones are refused); recorded."""
     criteria = {**where.describe(), "command": "saga dashboard", "operator": actor.operator}
 
-    def do(conn: psycopg.Connection[Any], schema: str) -> str:
-        result = replay(conn, _letters(conn, schema, where), criteria, schema=schema)
+    def do(tx: Tx, schema: str) -> str:
+        result = replay(tx, _letters(tx, schema, where), criteria, schema=schema)
         refused = "; ".join(f"{i}: {why}" for i, why in result.refused.items())
         return f"replayed {len(result.replayed)} dead letter(s)" + (
             f", refused {len(result.refused)}: {refused}" if refused else ""
@@ -130,8 +130,8 @@ def replay_letters(
 def purge_letters(databases: Databases, service: str, where: DeadLetterFilter, actor: Actor) -> str:
     """Purge the letters ``where`` selects (a held saga then compensates); recorded."""
 
-    def do(conn: psycopg.Connection[Any], schema: str) -> str:
-        return f"purged {purge(conn, _letters(conn, schema, where), schema=schema)} dead letter(s)"
+    def do(tx: Tx, schema: str) -> str:
+        return f"purged {purge(tx, _letters(tx, schema, where), schema=schema)} dead letter(s)"
 
     return _act(databases, service, actor, "purge", where.describe(), do, one_transaction=False)
 
@@ -139,8 +139,8 @@ def purge_letters(databases: Databases, service: str, where: DeadLetterFilter, a
 def cancel_saga(databases: Databases, service: str, saga_id: UUID, actor: Actor) -> str:
     """Ask a running saga to compensate (refused past its pivot); recorded."""
 
-    def do(conn: psycopg.Connection[Any], schema: str) -> str:
-        request_cancel(SagaStore(schema), conn, saga_id, f"dashboard: {actor.operator}")
+    def do(tx: Tx, schema: str) -> str:
+        request_cancel(SagaStore(schema), tx, saga_id, f"dashboard: {actor.operator}")
         return f"saga {saga_id} will compensate as soon as its pending step answers"
 
     target = {"saga_id": str(saga_id)}
@@ -150,9 +150,9 @@ def cancel_saga(databases: Databases, service: str, saga_id: UUID, actor: Actor)
 def resume_saga(databases: Databases, service: str, saga_id: UUID, actor: Actor) -> str:
     """Send a saga a resume (as ``saga resume ID``, whatever its idle time); recorded."""
 
-    def do(conn: psycopg.Connection[Any], schema: str) -> str:
+    def do(tx: Tx, schema: str) -> str:
         home = SagaResumer(schema).resume(
-            conn, saga_id, stuck_after=RESUME_ANY_IDLE, reason=f"dashboard: {actor.operator}"
+            tx, saga_id, stuck_after=RESUME_ANY_IDLE, reason=f"dashboard: {actor.operator}"
         )
         return f"resume of saga {saga_id} sent to {home!r}"
 

@@ -19,6 +19,7 @@ from saga.broker.transport import BrokerConfig, Topology
 from saga.dashboard import timeline
 from saga.dashboard.databases import Databases
 from saga.db.connections import DIRECT, DatabaseAccess
+from saga.db.sql import Tx
 from saga.db.vacuum_horizon import VacuumHorizon, read_vacuum_horizon
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary
 from saga.engine.store import SagaFilter, SagaStore
@@ -78,18 +79,18 @@ def _per_service(
     return found
 
 
-def _letter_groups(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) -> None:
-    view.letters = DeadLetterStore(schema).groups(conn)
+def _letter_groups(view: ServiceOverview, tx: Tx, schema: str) -> None:
+    view.letters = DeadLetterStore(schema).groups(tx)
 
 
-def _figures(view: ServiceOverview, conn: psycopg.Connection[Any], schema: str) -> None:
-    figures = collect(conn, schema, window=timedelta(hours=1), stuck_after=timedelta(minutes=15))
+def _figures(view: ServiceOverview, tx: Tx, schema: str) -> None:
+    figures = collect(tx, schema, window=timedelta(hours=1), stuck_after=timedelta(minutes=15))
     view.counts = figures.counts
-    view.minutes = per_minute(conn, schema)
-    view.oldest = oldest_running(conn, schema, LIST_LIMIT)
-    view.waiting = longest_waiting(conn, schema, LIST_LIMIT)
-    _letter_groups(view, conn, schema)
-    view.vacuum = read_vacuum_horizon(conn, [schema])
+    view.minutes = per_minute(tx, schema)
+    view.oldest = oldest_running(tx, schema, LIST_LIMIT)
+    view.waiting = longest_waiting(tx, schema, LIST_LIMIT)
+    _letter_groups(view, tx, schema)
+    view.vacuum = read_vacuum_horizon(tx, [schema])
 
 
 def overview(databases: Databases) -> list[ServiceOverview]:

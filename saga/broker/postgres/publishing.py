@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from saga.broker.bindings import Binding
+from saga.db.sql import Tx
 
 SUBSCRIPTIONS_DDL = """
 CREATE TABLE IF NOT EXISTS {subscriptions} (
@@ -185,10 +186,10 @@ class Bindings:
         return list(queues), [n - 1 for n in unrouted]
 
 
-def broker_bindings(conn: psycopg.Connection[Any], schema: str) -> list[Binding]:
+def broker_bindings(tx: Tx, schema: str) -> list[Binding]:
     """The bindings of the PostgreSQL broker whose tables are in ``schema`` (none before its
     first connection created them)."""
-    found = conn.execute("SELECT to_regclass(%s)", (f"{schema}.subscriptions",)).fetchone()
+    found = tx.execute("SELECT to_regclass(%s)", (f"{schema}.subscriptions",)).fetchone()
     if not (found and found[0]):
         return []
-    return Bindings(schema).all(conn)
+    return Bindings(schema).all(tx)
