@@ -7,7 +7,9 @@ the event that came early. :class:`EventWaits` holds their statements.
 
 A saga waiting for a published event is a row with ``waiting_for`` (the event's type) and
 ``wait_key``. An event for which no saga waits yet is kept in ``early_events`` under each
-key it carries, and the first saga that begins to wait under one takes it. Both sides take
+key it carries, and the first saga that begins to wait under one takes it (the oldest
+first; one the saga refuses is dropped, as it would be had it come during the wait, and
+the next is offered, until the wait ends or none is left). Both sides take
 a transaction-level advisory lock on (type, key) first, so an event and a saga that begins
 to wait for it, committing at the same moment, cannot miss each other: whichever comes
 second sees what the first committed.
@@ -35,9 +37,10 @@ from saga.observability.metrics import Metrics
 
 #: The orchestrator's: a saga's record (from the batch's read when there is one) ...
 ReadRecord = Callable[[Tx, UUID, StagedSagaWrites | None], SagaRecord | None]
-#: ... the definition it runs under, and how a signal is applied to it (or refused).
+#: ... the definition it runs under, and how a signal is applied to it: True, or False
+#: when the saga refused it (then the saga is unchanged).
 DefinitionOf = Callable[[SagaRecord], Saga[Any]]
-ApplySignal = Callable[[Tx, SagaRecord, Signal, str, Metrics | None, StagedSagaWrites | None], None]
+ApplySignal = Callable[[Tx, SagaRecord, Signal, str, Metrics | None, StagedSagaWrites | None], bool]
 
 _LOCK = """
 SELECT pg_advisory_xact_lock(hashtextextended('saga event ' || %s || ' ' || k, 0))
@@ -155,16 +158,18 @@ class EventDelivery:
         batch: StagedSagaWrites | None,
     ) -> None:
         """The saga began to wait for ``wait`` (event type, key): an event that came before
-        ends the wait at once."""
+        ends the wait at once. Kept events are offered oldest first until one ends it: one
+        the saga refuses (a wait past the pivot whose ``on_event`` fails) is dropped, as it
+        would be had it come during the wait, and the saga is never left waiting while an
+        event for its key is kept."""
         event_type, key = wait
         self.waits.lock(tx, event_type, [key])
-        early = self.waits.take(tx, event_type, key)
-        if early is None:
-            return
-        current = self._read(tx, record.id, batch) if batch is not None else record
-        assert current is not None
-        signal = Signal(saga_id=record.id, event=event_type, data=early.payload)
-        self._apply(tx, current, signal, "early event", metrics, batch)
+        while (early := self.waits.take(tx, event_type, key)) is not None:
+            current = self._read(tx, record.id, batch) if batch is not None else record
+            assert current is not None  # a refused event leaves the record as it was
+            signal = Signal(saga_id=record.id, event=event_type, data=early.payload)
+            if self._apply(tx, current, signal, "early event", metrics, batch):
+                return
 
     def _key_for(self, record: SagaRecord, event: BaseModel) -> str | None:
         """The key ``event`` carries for the wait step ``record`` is at (None: no such wait)."""

@@ -404,8 +404,9 @@ class Orchestrator:
         what: str,
         metrics: Metrics | None,
         batch: StagedSagaWrites | None,
-    ) -> None:
-        """Apply ``signal`` (a signal, or a published event as one), or record why not."""
+    ) -> bool:
+        """Apply ``signal`` (a signal, or a published event as one), or record why not;
+        False when the saga refused it."""
         with self._transition(tx, self._definition(record), record, None, batch) as run:
             try:
                 refused = run.on_signal(signal)
@@ -415,6 +416,7 @@ class Orchestrator:
                 self._apply(tx, run, metrics, batch)
         if refused:
             self._ignored(tx, record, f"{what} {signal.event}", refused, batch)
+        return not refused
 
     def _definition(self, record: SagaRecord) -> Saga[Any]:
         """The definition ``record`` runs under (its name and version)."""

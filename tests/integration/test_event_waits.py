@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from saga import HandlerContext, Outbox, RetryPolicy, Saga, SagaRegistry, Service, Tx
 from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
-from saga.errors import ConfigurationError
+from saga.errors import ConfigurationError, StepFailed
 from saga.messaging.envelope import Envelope
 from saga.operations.retention import Pruner
 from saga.testing import SagaHarness
@@ -72,9 +72,28 @@ class Receipt(BaseModel):
 receipts = Saga("receipts", data=Receipt)
 receipts.wait("settled", event=PaymentSettled, correlate=lambda d: d.ref, event_key="ref")
 
+
+def _unless_bounced(d: Shipment, e: PaymentSettled) -> Shipment:
+    if e.ref == "bounced":
+        raise StepFailed("the settlement bounced")
+    return d.model_copy(update={"settled_ref": e.ref})
+
+
+#: Its wait is past the pivot: a settlement it refuses leaves it waiting for the next one.
+prepaid = Saga("prepaid", data=Shipment)
+prepaid.remote("take_payment", service="payments", command=TakePayment, pivot=True)
+prepaid.wait(
+    "settlement",
+    event=PaymentSettled,
+    correlate=lambda d: d.order_id,
+    event_key="order_id",
+    on_event=_unless_bounced,
+)
+
 registry = SagaRegistry("shipping", retry=RetryPolicy(immediate_attempts=1, delays=(60,)))
 registry.register(shipping)
 registry.register(receipts)
+registry.register(prepaid)
 
 payments = Service("payments")
 
@@ -114,6 +133,24 @@ def test_an_event_that_comes_before_the_wait_ends_it_as_soon_as_it_begins(
     assert kept == [("ref-o1",)]  # its order's copy taken; its reference's kept for receipts
     h.assert_published(PaymentSettled(order_id="o1", ref="ref-o1"))
     assert h.steps(saga_id) == ["take_payment succeeded", "settlement succeeded", "ship succeeded"]
+
+
+def test_a_kept_event_the_wait_refuses_is_dropped_and_the_next_kept_one_ends_it(
+    h: SagaHarness,
+) -> None:
+    saga_id = h.start(prepaid, Shipment(order_id="p1", publish_settlement=False))
+    with h.transaction() as tx:  # both come before the payment's reply: kept, in this order
+        Outbox().publish(tx, PaymentSettled(order_id="p1", ref="bounced"))
+        Outbox().publish(tx, PaymentSettled(order_id="p1", ref="r-1"))
+    h.run_until_idle()
+    assert h.status(saga_id) == "completed"
+    assert h.data(saga_id).settled_ref == "r-1"
+    assert h.steps(saga_id) == [
+        "take_payment succeeded",
+        "early event PaymentSettled ignored",
+        "settlement succeeded",
+    ]
+    assert h.rows("SELECT 1 FROM saga.early_events WHERE correlation_key = 'p1'") == []
 
 
 def test_the_event_for_its_key_ends_the_wait_and_others_do_not(h: SagaHarness) -> None:

@@ -113,20 +113,26 @@ def test_signal_racing_the_timeout_is_resolved_exactly_once(
 ) -> None:
     rng = random.Random(5)
     outbox = Outbox()
-    with db.connect(autocommit=False) as conn, conn.transaction():
-        # One transaction: every timeout and signal is timed from the same now().
-        ids = [
-            loans.registry_v1.start(conn, "race_loan", loans.LoanData(loan_id=f"race-{i}"))
-            for i in range(200)
-        ]
-        for saga_id in ids:  # each approval lands somewhere around the three-second timeout
-            outbox.add(
-                conn,
-                Signal(saga_id=saga_id, event="approval", data={"approver": "racer"}),
-                destination="lending",
-                saga_id=saga_id,
-                deliver_after=timedelta(seconds=rng.uniform(1.5, 4.5)),
-            )
+    ids = []
+    with db.connect(autocommit=True) as conn:
+        for i in range(200):
+            # A saga and its approval in one short transaction: both are timed from its
+            # now(), and the approval lands somewhere around the three-second timeout.
+            # (Timed from one transaction for all 200, a setup slower than the timeout on a
+            # loaded machine made every timeout due at commit, ahead of every signal, which
+            # the relay sends in id order: the timeout won every race.)
+            with conn.transaction():
+                saga_id = loans.registry_v1.start(
+                    conn, "race_loan", loans.LoanData(loan_id=f"race-{i}")
+                )
+                outbox.add(
+                    conn,
+                    Signal(saga_id=saga_id, event="approval", data={"approver": "racer"}),
+                    destination="lending",
+                    saga_id=saga_id,
+                    deliver_after=timedelta(seconds=rng.uniform(1.5, 4.5)),
+                )
+            ids.append(saga_id)
     wait_until(
         lambda: (
             db.scalar(

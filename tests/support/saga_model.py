@@ -1,17 +1,22 @@
 """The reference model of the transition model tests (tests/unit/test_transition_model.py).
 
 :class:`Reference` says what must be undone, in what order; :class:`MemorySteps` runs local
-steps as the orchestrator's savepoint runner does, without a database.
+steps as the orchestrator's savepoint runner does, and :class:`MemoryEventWaits` keeps early
+events as ``saga.early_events`` does, both without a database.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+from uuid import UUID
 
 from pydantic import BaseModel
 
 from saga.engine.definition import LocalAction
+from saga.engine.event_waits import EarlyEvent, EventWaits
 from saga.engine.transition_results import LocalOutcome
 from saga.errors import StepFailed
 
@@ -32,6 +37,34 @@ class MemorySteps:
                 raise
             return LocalOutcome(None, exc, self.at, self.at)
         return LocalOutcome(result, None, self.at, self.at)
+
+
+class MemoryEventWaits(EventWaits):
+    """The statements of :class:`EventWaits` over a list, oldest first, for one process
+    (nothing to lock): what the orchestrator's :class:`EventDelivery` keeps and takes."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[str, str, UUID, dict[str, Any]]] = []  # type, key, id, payload
+
+    def lock(self, tx: Any, event_type: str, keys: Sequence[str]) -> None:
+        pass
+
+    def park(
+        self,
+        tx: Any,
+        event_type: str,
+        keys: Sequence[str],
+        message_id: UUID,
+        payload: dict[str, Any],
+    ) -> None:
+        self.kept.extend((event_type, key, message_id, payload) for key in keys)
+
+    def take(self, tx: Any, event_type: str, key: str) -> EarlyEvent | None:
+        row = next((row for row in self.kept if row[:2] == (event_type, key)), None)
+        if row is None:
+            return None
+        self.kept.remove(row)
+        return EarlyEvent(row[2], row[3])
 
 
 @dataclass

@@ -8,7 +8,9 @@ replies to the request the saga waits for, replies to older requests, failures
 signals, published events (its key or another, before or during its wait), cancels
 and resumes. :class:`SagaMachine` plays the orchestrator with the pure
 :class:`~saga.engine.transitions.Transition`, the routing questions of
-:mod:`saga.engine.staleness` and an in-memory record, so no server is needed.
+:mod:`saga.engine.staleness`, the orchestrator's own delivery of kept events
+(:class:`~saga.engine.event_waits.EventDelivery` over an in-memory ``early_events``) and
+an in-memory record, so no server is needed.
 
 After every event it checks the guarantees: a saga with nothing pending is
 completed, compensated or waiting for an operator, and one with something pending
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ValidationError
 
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, HOLD, RETRY, WaitStep
+from saga.engine.event_waits import EventDelivery
 from saga.engine.staleness import (
     awaits,
     awaits_event,
@@ -70,7 +73,7 @@ from saga.messaging.envelope import (
     Envelope,
     message_type_of,
 )
-from tests.support.saga_model import MemorySteps, Reference
+from tests.support.saga_model import MemoryEventWaits, MemorySteps, Reference
 
 HOME = "home"
 SAGA_ID = UUID(int=1)
@@ -274,7 +277,18 @@ class SagaMachine(RuleBasedStateMachine):
         self.requests: list[Envelope] = []  # commands and compensations sent to participants
         self.answered: list[Envelope] = []  # requests that got at least one reply
         self.scheduled: list[Envelope] = []  # timers, deadlines, wait timeouts not yet fired
-        self.early: list[dict[str, Any]] = []  # published events no saga waited for: kept
+        self.waits = MemoryEventWaits()  # published events no saga waited for: kept
+        self.delivery = EventDelivery(
+            self.waits,
+            lambda tx, saga_id, batch: copy.deepcopy(self.record),
+            lambda record: self.saga,
+            lambda tx, record, signal, what, metrics, batch: self.apply_signal(signal, []),
+        )
+
+    @property
+    def early(self) -> list[dict[str, Any]]:
+        """The payloads of the events kept, oldest first."""
+        return [payload for *_, payload in self.waits.kept]
 
     def new_id(self) -> UUID:
         return UUID(int=next(self.ids))
@@ -308,20 +322,13 @@ class SagaMachine(RuleBasedStateMachine):
             target.append(message.envelope)
         if result.dead_letters:  # a saga gives up visibly: a dead letter, and an operator's turn
             assert result.record.status.needs_operator and result.ended is result.record.status
-        if result.started_wait is not None:
+        if result.started_wait is not None:  # the orchestrator's own delivery of kept events
             assert result.started_wait == (SETTLED, Data().order)
-            self.take_early(*result.started_wait)
+            self.delivery.deliver_early(None, self.record, result.started_wait, None, None)
         return result
 
-    def take_early(self, event_type: str, key: str) -> None:
-        """What the orchestrator does when a wait for (type, key) begins: an event kept for
-        it ends the wait now."""
-        kept = next((e for e in self.early if e["order"] == key), None)
-        if kept is not None:
-            self.early.remove(kept)
-            self.apply_signal(Signal(saga_id=SAGA_ID, event=event_type, data=kept), [])
-
-    def apply_signal(self, signal: Signal, faults: list[bool]) -> None:
+    def apply_signal(self, signal: Signal, faults: list[bool]) -> bool:
+        """Apply ``signal`` as the orchestrator does; False when the saga refused it."""
         run = self.transition(None, faults)
         try:
             refused = run.on_signal(signal)
@@ -329,6 +336,7 @@ class SagaMachine(RuleBasedStateMachine):
             refused = "invalid data"
         if not refused:
             self.commit(run)
+        return not refused
 
     def event_key(self, event: Settled) -> str | None:
         """The key ``event`` carries for the wait step the saga is at (the orchestrator's
@@ -507,7 +515,7 @@ class SagaMachine(RuleBasedStateMachine):
                 Signal(saga_id=SAGA_ID, event=SETTLED, data=event.model_dump()), faults
             )
         else:
-            self.early.append(event.model_dump())
+            self.waits.park(None, SETTLED, [event.order], self.new_id(), event.model_dump())
 
     @rule()
     def cancel(self) -> None:
@@ -654,3 +662,29 @@ def test_a_wait_for_an_event_is_keyed_and_its_key_goes_when_it_ends() -> None:
     assert (machine.record.waiting_for, machine.record.wait_key) == (SETTLED, "o-1")
     machine.publish(True, True, [])
     assert (machine.record.step, machine.record.wait_key) == ("ship", None)
+
+
+def test_a_wait_past_the_pivot_refusing_a_kept_event_is_offered_the_next_one() -> None:
+    machine = _machine(
+        StepShape("charge", "remote", pivot=True),
+        StepShape("ship", "remote"),
+        StepShape("settled", "wait", keyed=True),
+    )
+    machine.reply_to_pending("ok", [])  # the pivot took effect: the wait can only go forward
+    machine.publish(True, False, [])  # this order's, kept; on_event will refuse it
+    machine.publish(True, False, [])  # again: kept behind the first
+    machine.reply_to_pending("ok", [])  # the wait begins and is offered both, oldest first
+    assert (machine.record.waiting_for, machine.record.wait_key) == (SETTLED, "o-1")
+    assert machine.early == []  # each refused and dropped, none kept while the saga waits
+    machine.keyed_while_waiting_for_an_event()
+
+
+def test_a_kept_event_after_one_the_wait_refuses_ends_the_wait() -> None:
+    machine = _machine(
+        StepShape("charge", "remote", pivot=True), StepShape("settled", "wait", keyed=True)
+    )
+    machine.publish(True, False, [])
+    machine.publish(True, True, [])
+    machine.reply_to_pending("ok", [])  # the first is refused, the second ends the wait
+    assert machine.record.status is SagaStatus.COMPLETED
+    assert machine.early == []
