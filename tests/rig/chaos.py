@@ -348,10 +348,18 @@ def _inject_faults(
     duration: float,
     interval: float,
 ) -> None:
-    """One fault every ``interval`` seconds for ``duration`` seconds, drawn from a deck."""
+    """One fault every ``interval`` seconds for ``duration`` seconds, drawn from a deck, and
+    on until every kind has been injected once (faults that take long, such as restarts,
+    can leave a short run short of a whole deck), but never past four times ``duration``."""
     started = time.monotonic()
     deck: list[str] = []
-    while time.monotonic() - started < duration:
+    injected: set[str] = set()
+
+    def going_on() -> bool:
+        elapsed = time.monotonic() - started
+        return elapsed < duration or (elapsed < 4 * duration and not injected >= set(kinds))
+
+    while going_on():
         time.sleep(interval)
         supervisor.watch()
         deck = deck or _deck(rng, kinds)
@@ -365,6 +373,7 @@ def _inject_faults(
             print(f"chaos: fault {kind} could not be injected: {exc}")
             raise
         print(f"  t={time.monotonic() - started:5.1f}s fault {kind}", flush=True)
+        injected.add(kind)
 
 
 def _redis_figures(refused: bool | None, resumer: BulkResume | None) -> dict[str, Any]:
