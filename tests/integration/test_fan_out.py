@@ -5,8 +5,6 @@ item released once; and a failed item releasing exactly the items that took effe
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from uuid import UUID
 
 import pytest
@@ -15,8 +13,8 @@ from pydantic import BaseModel
 from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
-from tests.support.running import running_relay, running_service
-from tests.support.services import EFFECTS_DDL
+from tests.support.running import saga_system_running
+from tests.support.services import EFFECTS_DDL, record_effect
 from tests.support.wait import wait_until
 
 ITEMS = 1_000
@@ -54,10 +52,6 @@ class Confirm(BaseModel):
     confirm_fails: bool
 
 
-def effect(tx: Tx, kind: str, key: str) -> None:
-    tx.execute("INSERT INTO public.effects (kind, key) VALUES (%s, %s)", (kind, key))
-
-
 order = Saga("fan_out_order", data=Order)
 order.for_each(
     "reserve_lines",
@@ -82,13 +76,13 @@ stock = Service("fan_stock", retry=FAST)
 def reserve_line(tx: Tx, cmd: ReserveLine, ctx: HandlerContext) -> LineReserved:
     if cmd.fails:
         raise StepFailed(f"no stock for {cmd.sku}")
-    effect(tx, "reserve", cmd.sku)
+    record_effect(tx, "reserve", cmd.sku)
     return LineReserved(qty=cmd.qty)
 
 
 @stock.handler(ReleaseLine)
 def release_line(tx: Tx, cmd: ReleaseLine, ctx: HandlerContext) -> None:
-    effect(tx, "release", cmd.sku)
+    record_effect(tx, "release", cmd.sku)
 
 
 @stock.handler(Confirm)
@@ -100,15 +94,6 @@ def confirm(tx: Tx, cmd: Confirm, ctx: HandlerContext) -> None:
 @pytest.fixture(autouse=True)
 def _effects_table(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
-
-
-@contextmanager
-def orders_running(db: TestDatabase, broker: TestBroker) -> Iterator[None]:
-    with ExitStack() as stack:
-        stack.enter_context(running_relay(db, broker))
-        stack.enter_context(running_service(registry.as_service(), db, broker))
-        stack.enter_context(running_service(stock, db, broker))
-        yield
 
 
 def lines(count: int) -> list[Line]:
@@ -135,7 +120,7 @@ def test_a_thousand_items_complete_then_are_released_once_each_when_a_later_step
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
     data = Order(order_id="o1", lines=lines(ITEMS), confirm_fails=True)
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stock):
         saga_id = start(db, data)
         settled(db, saga_id, "compensated")
     every = Counter(line.sku for line in data.lines)
@@ -150,7 +135,7 @@ def test_a_failed_item_releases_exactly_the_items_that_took_effect(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
     data = Order(order_id="o2", lines=lines(200), fail_sku="sku-0150")
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stock):
         saga_id = start(db, data)
         settled(db, saga_id, "compensated")
     reserved = effects(db, "reserve")

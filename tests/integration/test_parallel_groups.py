@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from uuid import UUID
 
 import pytest
@@ -18,8 +16,8 @@ from saga.engine.state import waiting_on
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
-from tests.support.running import running_relay, running_service
-from tests.support.services import EFFECTS_DDL
+from tests.support.running import saga_system_running
+from tests.support.services import EFFECTS_DDL, record_effect
 from tests.support.wait import wait_until
 
 
@@ -56,21 +54,17 @@ class Confirm(BaseModel):
     order_id: str
 
 
-def effect(tx: Tx, kind: str, key: str) -> None:
-    tx.execute("INSERT INTO public.effects (kind, key) VALUES (%s, %s)", (kind, key))
-
-
 order = Saga("parallel_order", data=Order)
 
 
 @order.local("open", compensate="close")
 def open_order(tx: Tx, d: Order) -> None:
-    effect(tx, "open", d.order_id)
+    record_effect(tx, "open", d.order_id)
 
 
 @order.local_compensation("close")
 def close_order(tx: Tx, d: Order) -> None:
-    effect(tx, "close", d.order_id)
+    record_effect(tx, "close", d.order_id)
 
 
 with order.parallel("reserve"):
@@ -88,7 +82,7 @@ with order.parallel("reserve"):
 
     @order.local("note")
     def note(tx: Tx, d: Order) -> None:
-        effect(tx, "note", d.order_id)
+        record_effect(tx, "note", d.order_id)
 
 
 order.remote("confirm", service="stores", command=Confirm)
@@ -101,13 +95,13 @@ stores = Service("stores", retry=FAST)
 
 @stores.handler(ReserveStock)
 def reserve_stock(tx: Tx, cmd: ReserveStock, ctx: HandlerContext) -> StockReserved:
-    effect(tx, "stock", cmd.order_id)
+    record_effect(tx, "stock", cmd.order_id)
     return StockReserved(reference=f"s-{cmd.order_id}")
 
 
 @stores.handler(ReleaseStock)
 def release_stock(tx: Tx, cmd: ReleaseStock, ctx: HandlerContext) -> None:
-    effect(tx, "release_stock", cmd.order_id)
+    record_effect(tx, "release_stock", cmd.order_id)
 
 
 @stores.handler(ReserveCredit)
@@ -116,31 +110,22 @@ def reserve_credit(tx: Tx, cmd: ReserveCredit, ctx: HandlerContext) -> None:
         raise StepFailed("no credit")
     if cmd.credit_breaks:
         raise RuntimeError("the credit service has a bug")  # retried, then a dead letter
-    effect(tx, "credit", cmd.order_id)
+    record_effect(tx, "credit", cmd.order_id)
 
 
 @stores.handler(ReleaseCredit)
 def release_credit(tx: Tx, cmd: ReleaseCredit, ctx: HandlerContext) -> None:
-    effect(tx, "release_credit", cmd.order_id)
+    record_effect(tx, "release_credit", cmd.order_id)
 
 
 @stores.handler(Confirm)
 def confirm(tx: Tx, cmd: Confirm, ctx: HandlerContext) -> None:
-    effect(tx, "confirm", cmd.order_id)
+    record_effect(tx, "confirm", cmd.order_id)
 
 
 @pytest.fixture(autouse=True)
 def _effects_table(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
-
-
-@contextmanager
-def orders_running(db: TestDatabase, broker: TestBroker) -> Iterator[None]:
-    with ExitStack() as stack:
-        stack.enter_context(running_relay(db, broker))
-        stack.enter_context(running_service(registry.as_service(), db, broker))
-        stack.enter_context(running_service(stores, db, broker))
-        yield
 
 
 def start(db: TestDatabase, data: Order) -> UUID:
@@ -166,7 +151,7 @@ def effects(db: TestDatabase) -> Counter[str]:
 def test_the_group_completes_once_every_member_answered(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stores):
         saga_id = start(db, Order(order_id="o1"))
         settled(db, saga_id, "completed")
     assert effects(db) == Counter(open=1, stock=1, credit=1, note=1, confirm=1)
@@ -182,7 +167,7 @@ def test_the_group_completes_once_every_member_answered(
 def test_a_failed_member_undoes_its_siblings_and_the_steps_before_once_each(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stores):
         saga_id = start(db, Order(order_id="o2", credit_fails=True))
         settled(db, saga_id, "compensated")
         # the stock reservation may answer after the failure: its late success is undone
@@ -210,7 +195,7 @@ def test_saga_list_and_stats_name_every_member_still_out(db: TestDatabase) -> No
 def test_saga_show_draws_the_members_as_one_group(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stores):
         saga_id = start(db, Order(order_id="o4"))
         settled(db, saga_id, "completed")
 
@@ -235,7 +220,7 @@ def test_saga_resume_sends_again_only_the_member_still_out(
 ) -> None:
     saga_id = start(db, Order(order_id="o5"))
     db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stores):
         wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
         waiting = json.loads(saga_cli(db.url, "list", "--json").stdout)[0]["waiting_on"]
         assert waiting == ["reserve_credit"]
@@ -251,7 +236,7 @@ def test_saga_cancel_at_a_group_compensates_every_member_once_all_have_answered(
 ) -> None:
     saga_id = start(db, Order(order_id="o6"))
     db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stores):
         wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
         cancelled = saga_cli(db.url, "cancel", str(saga_id))
         assert cancelled.returncode == 0, cancelled.stderr
@@ -268,7 +253,7 @@ def test_saga_cancel_at_a_group_compensates_every_member_once_all_have_answered(
 def test_a_dead_lettered_member_compensates_and_its_replay_is_refused_as_superseded(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
-    with orders_running(db, shared_event_broker):
+    with saga_system_running(db, shared_event_broker, registry, stores):
         saga_id = start(db, Order(order_id="o7", credit_breaks=True))
         settled(db, saga_id, "compensated")
         wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")

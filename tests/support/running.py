@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
-from saga import Service
+from saga import SagaRegistry, Service
 from saga.consumers import ConsumerOptions, ServiceRunner
 from saga.observability.metrics import Metrics
 from saga.outbox_relay import Relay, RelayOptions
@@ -102,3 +102,16 @@ def running_relay(
     relay = Relay(url, broker.config, RelayOptions(**options), broker.topology)  # type: ignore[arg-type]
     with in_thread(relay.run, name):
         yield relay
+
+
+@contextmanager
+def saga_system_running(
+    db: TestDatabase, broker: TestBroker, registry: SagaRegistry, *participants: Service
+) -> Iterator[None]:
+    """A saga's home service (``registry``), its participants and one relay, all on ``db``."""
+    with ExitStack() as stack:
+        stack.enter_context(running_relay(db, broker))
+        stack.enter_context(running_service(registry.as_service(), db, broker))
+        for participant in participants:
+            stack.enter_context(running_service(participant, db, broker))
+        yield

@@ -71,7 +71,8 @@ def effects_per_key(db: TestDatabase, kind: str) -> dict[str, int]:
     return {key: int(n) for key, n in rows}
 
 
-def _effect(tx: psycopg.Connection[Any], kind: str, key: str, seq: int = 0) -> None:
+def record_effect(tx: psycopg.Connection[Any], kind: str, key: str, seq: int = 0) -> None:
+    """A business effect, one row in ``public.effects`` (``EFFECTS_DDL``)."""
     tx.execute("INSERT INTO public.effects (kind, key, seq) VALUES (%s, %s, %s)", (kind, key, seq))
 
 
@@ -83,13 +84,13 @@ service = Service(
 
 @service.handler(Ping)
 def handle_ping(tx: psycopg.Connection[Any], msg: Ping, ctx: HandlerContext) -> Pong | None:
-    _effect(tx, "ping", msg.key, msg.n)
+    record_effect(tx, "ping", msg.key, msg.n)
     return Pong(key=msg.key) if ctx.envelope.reply_to else None
 
 
 @service.handler(Hop)
 def handle_hop(tx: psycopg.Connection[Any], msg: Hop, ctx: HandlerContext) -> None:
-    _effect(tx, "hop", msg.chain, msg.seq)
+    record_effect(tx, "hop", msg.chain, msg.seq)
     if msg.seq < msg.last:
         ctx.send(Hop(chain=msg.chain, seq=msg.seq + 1, last=msg.last), to=ctx.service)
 
@@ -101,7 +102,7 @@ def handle_crash(tx: psycopg.Connection[Any], msg: Crash, ctx: HandlerContext) -
 
 @service.handler(Refuse)
 def handle_refuse(tx: psycopg.Connection[Any], msg: Refuse, ctx: HandlerContext) -> None:
-    _effect(tx, "refuse-write-rolled-back", msg.key)
+    record_effect(tx, "refuse-write-rolled-back", msg.key)
     raise StepFailed(f"refusing {msg.key}", code="refused")
 
 
@@ -119,4 +120,4 @@ def handle_flaky(tx: psycopg.Connection[Any], msg: Flaky, ctx: HandlerContext) -
     _flaky_tries[msg.key] += 1
     if _flaky_tries[msg.key] <= msg.fail_times:
         raise RuntimeError(f"flaky failure {_flaky_tries[msg.key]} of {msg.fail_times}")
-    _effect(tx, "flaky-done", msg.key, _flaky_tries[msg.key])
+    record_effect(tx, "flaky-done", msg.key, _flaky_tries[msg.key])
