@@ -207,11 +207,12 @@ class ForEach(StepKind):
                 f"fan-out {self.name!r} expects {self.reply.__name__}, got {type(reply).__name__}"
             )
         self._mark(t, index, SUCCEEDED)
+        items = None
         if self.on_reply is not None:
             item = self._checked_items(t)[index]
             t.set_data(self.on_reply(t.data, item, reply), f"on_reply of {self.name!r}")
-            self._checked_items(t)  # the reducer left the items as they were
-        self._next(t)
+            items = self._checked_items(t)  # the reducer left the items as they were
+        self._next(t, items)
 
     def take_failure(self, t: Transition, failure: FailureReply) -> None:
         index = self._answered(t)
@@ -222,13 +223,14 @@ class ForEach(StepKind):
         t.record.step_state.setdefault("failed", reason)
         self._next(t)
 
-    def _next(self, t: Transition) -> None:
+    def _next(self, t: Transition, items: list[Any] | None = None) -> None:
         """After an answer: send more, go on when every item succeeded, or compensate once
-        nothing is out after a failure or a cancel."""
+        nothing is out after a failure or a cancel. ``items``: already checked for this
+        answer (each check reads and digests every item)."""
         state = t.record.step_state
         stopping = "failed" in state or t.record.cancel_requested
         if not stopping and TO_SEND in state["marks"]:
-            self._send_more(t, self._checked_items(t))
+            self._send_more(t, items if items is not None else self._checked_items(t))
         elif state["awaits"]:
             self._settle(t)
         elif not stopping:
