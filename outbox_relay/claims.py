@@ -35,8 +35,15 @@ RETURNING id, message_id, destination, message_type, body, attempts
 """
 
 #: The id the outbox's sequence gives next (USAGE on the sequence suffices).
-_NEXT_ID = """
-SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')), 0) + 1
+_NEXT_ID = "coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')), 0) + 1"
+
+#: Whether a sweep from a floor would find anything: the first ready id from it (locked by
+#: another relay or not) and the id the sequence gives next. One statement, outside any
+#: transaction: a poll that finds nothing costs one round trip, and no BEGIN or COMMIT.
+_PROBE = f"""
+SELECT (SELECT id FROM {{schema}}.outbox WHERE deliver_after IS NULL AND id >= %s
+        ORDER BY id LIMIT 1),
+       {_NEXT_ID}
 """
 
 _DELETE = f"DELETE FROM {{schema}}.outbox WHERE id = ANY(%b::bigint[]) AND {_ASYNC_COMMIT}"
@@ -97,6 +104,7 @@ class RelayStore:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self._claim = render(_CLAIM, schema)
+        self._probe = render(_PROBE, schema)
         self._outbox = f"{schema}.outbox"
         self._take_ids = render(_TAKE_IDS, schema)
         self._delete = render(_DELETE, schema)
@@ -111,10 +119,13 @@ class RelayStore:
         rows = tx.execute(self._claim, (floor, limit), prepare=True).fetchall()
         return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
 
-    def next_id(self, tx: Tx) -> int:
-        """The id the outbox's next row will get (ids below it are taken)."""
-        row = tx.execute(_NEXT_ID, (self._outbox,), prepare=True).fetchone()
-        return int(row[0]) if row else 0
+    def probe(self, conn: Tx, floor: int) -> tuple[int | None, int]:
+        """The first ready row's id from ``floor`` on (None: none is ready) and the id the
+        outbox's next row will get (ids below it are taken); on an autocommit connection,
+        a statement of its own."""
+        row = conn.execute(self._probe, (floor, self._outbox), prepare=True).fetchone()
+        assert row is not None
+        return (None if row[0] is None else int(row[0])), int(row[1])
 
     def take_ids(self, tx: Tx, ids: list[int]) -> list[OutboxRow]:
         """Delete and return the given ready rows in id order, skipping any a relay holds.

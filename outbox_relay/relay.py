@@ -131,10 +131,11 @@ class Relay:
         self.close()
         access = self.options.database
         try:
-            self._db = access.connect(self.database_url, autocommit=False)
+            # autocommit: a lone statement (a probe, a promotion) is a transaction of its
+            # own; every other runs in an explicit ``transaction()``
+            self._db = access.connect(self.database_url, autocommit=True)
             check_durability(self._db, allow_async_commit=self.options.allow_async_commit)
             self._check_prune_privileges(self._db)
-            self._db.commit()
             self._listen = access.connect_listener(self.database_url)
             if self._listen is not None:
                 self._listen.execute(f"LISTEN {wake_channel(self.options.schema)}")
@@ -164,13 +165,20 @@ class Relay:
     # -- work ----------------------------------------------------------------
 
     def relay_batch(self) -> BatchReport:
-        """Claim, publish and delete one batch of ready rows."""
+        """Claim, publish and delete one batch of ready rows.
+
+        A probe outside any transaction comes first: most polls of a relay below full
+        load find nothing, and then cost that one statement (a transaction would add a
+        BEGIN and a COMMIT, and a claim the rows' locks)."""
         db, publisher = self._require()
+        floor = self.sweep_floor.floor()
+        first_ready, next_id = self.store.probe(db, floor)
+        self.sweep_floor.swept(floor, next_id if first_ready is None else first_ready)
+        if first_ready is None:
+            return BatchReport(0, 0, 0, 0)
         with db.transaction():
-            floor = self.sweep_floor.floor()
             rows = self.store.claim(db, self.options.batch_size, floor)
-            self.sweep_floor.swept(floor, rows[0].id if rows else self.store.next_id(db))
-            if not rows:
+            if not rows:  # other relays hold them
                 return BatchReport(0, 0, 0, 0)
             fault_point("relay.after_claim")
             outcome = self._publish(publisher, rows)
@@ -191,8 +199,7 @@ class Relay:
     def promote_due(self) -> int:
         """Release scheduled rows whose ``deliver_after`` has passed."""
         db, _ = self._require()
-        with db.transaction():
-            promoted = self.store.promote_due(db)
+        promoted = self.store.promote_due(db)  # one statement: a transaction of its own
         if promoted:
             self.sweep_floor.rescan()
         return promoted

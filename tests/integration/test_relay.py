@@ -10,8 +10,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as psql
 from pydantic import BaseModel
 
+from bench.statement_log import log_window, parse
 from saga import Outbox
 from saga.broker.reconnect import transient_errors
 from saga.db.sql import render
@@ -21,7 +23,7 @@ from saga.outbox_relay import Relay, RelayOptions
 from saga.outbox_relay.claims import _CLAIM, RelayStore
 from saga.outbox_relay.sweep_floor import SweepFloor
 from tests.support.brokers import TestBroker
-from tests.support.databases import TestDatabase
+from tests.support.databases import TestDatabase, with_database
 from tests.support.running import in_thread
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.wait import wait_until
@@ -278,3 +280,27 @@ def test_a_sweep_reads_a_few_pages_with_20000_rows_published_behind_a_held_snaps
     pages = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
     assert plan["Actual Rows"] == 10
     assert pages < 100, f"a sweep read {pages} pages, 20,000 rows published behind it"
+
+
+def test_a_poll_that_finds_nothing_is_one_statement_outside_any_transaction(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """Below full load most of a relay's polls find nothing: each must cost the server one
+    statement, not a transaction (BEGIN, claim, COMMIT), and so must a promotion of due
+    rows; a row that comes is still taken."""
+    db.execute(
+        psql.SQL("ALTER DATABASE {} SET log_statement = 'all'")  # type: ignore[arg-type]
+        .format(psql.Identifier(db.name))
+        .as_string()
+    )
+    with _relay(db, rabbit) as relay:
+        with log_window(with_database(db.url, "postgres"), [db.name]) as lines:
+            for _ in range(10):
+                assert relay.relay_batch().claimed == 0
+            assert relay.promote_due() == 0
+        _write(db, "after the polls")
+        assert relay.relay_batch().published == 1
+    polls = [t for t in parse(lines) if t.work]
+    assert len(polls) == 11, polls
+    assert all(len(t.statements) == 1 for t in polls), [t.statements for t in polls]
+    assert _texts(rabbit.receive("notes", 1)) == ["after the polls"]
