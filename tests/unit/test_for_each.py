@@ -188,6 +188,7 @@ def compensating(
 def test_compensations_go_out_up_to_the_cap_and_each_answer_in_any_order_sends_the_next() -> None:
     scenario = compensating(("a", "b", "c", "d", "e"), cap=2)
     assert [released_sku(m) for m in releases(scenario)] == ["e", "d"]  # latest first, 2 out
+    assert scenario.record.completed_steps == ["create", "reserve_lines"]
     scenario.expect_command("stock", ReleaseLine(sku="d")).reply(LineReserved(reservation=""))
     scenario.run_until_idle()
     assert [released_sku(m) for m in releases(scenario)] == ["e", "d", "c"]
@@ -378,4 +379,13 @@ def test_a_thousand_items_keep_a_compact_step_state() -> None:
     scenario = created(tuple(f"sku-{n:04d}" for n in range(1000)), cap=50)
     state = scenario.record.step_state
     assert len(state["awaits"]) == 50 and len(state["marks"]) == 1000
+    assert len(json.dumps(state)) < 4096, len(json.dumps(state))
+
+
+def test_a_thousand_items_compensating_keep_a_compact_step_state() -> None:
+    """Compensating, the marks and the 50 compensations out, each with its item's position
+    and attempt: still under 4 KB of JSON."""
+    scenario = compensating(tuple(f"sku-{n:04d}" for n in range(1000)), cap=50)
+    state = scenario.record.step_state
+    assert len(state["awaits"]) == 50 and state["marks"].count("<") == 50
     assert len(json.dumps(state)) < 4096, len(json.dumps(state))
