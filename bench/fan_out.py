@@ -4,12 +4,14 @@
 :mod:`bench._fan_out_app` (one ``for_each`` over the order's lines, at most 50 out, then a
 confirmation) on scratch databases, its orchestrator, its participant and their relays as
 separate ``saga`` processes. One saga completes (every line reserved, the quantity gathered
-into the data), then one whose confirmation fails compensates (every line released, one
-at a time). For each: seconds from the start's commit to the end; the saga's data and, at
-its largest (sampled every 20 ms while it runs), its step state, as stored (jsonb bytes);
-and the statements PostgreSQL received for each item on the saga's database and on the
-participant's, read from the server's statement log (``log_statement = 'all'`` on those
-databases alone). Results: ``bench/results/fan-out-latest.json`` and ``.md``.
+into the data), then one whose confirmation fails compensates (every line released, at
+most 50 out, as forward). For each: seconds from the start's commit to the end (and, for
+the one that compensates, from the moment it was first seen compensating: the time to
+undo the items alone); the saga's data and, at its largest (sampled every 20 ms while it
+runs), its step state, as stored (jsonb bytes); and the statements PostgreSQL received for
+each item on the saga's database and on the participant's, read from the server's
+statement log (``log_statement = 'all'`` on those databases alone). Results:
+``bench/results/fan-out-latest.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from saga.examples.order_saga.processes import saga_env
 from tests.rig.supervisor import Supervisor
 
 APP = "bench._fan_out_app"
+ITEMS = 1000  # a run of another size, or on one broker, saves under a name of its own
 SIZES = """SELECT pg_column_size(data), pg_column_size(step_state), status
 FROM saga.saga_instances WHERE id = %s"""
 
@@ -68,33 +71,46 @@ class FanOutBench:
             began = time.monotonic()
             with psycopg.connect(self.home.url) as conn, conn.transaction():
                 saga_id = order.start(conn, data)
-            data_bytes, state_peak = self._follow(saga_id, status)
-            took = time.monotonic() - began
+            data_bytes, state_peak, compensating_at = self._follow(saga_id, status)
+            ended = time.monotonic()
+            took = ended - began
         by_database = {self.home.name: 0, self.stock.name: 0}
         for transaction in parse(lines):
             by_database[transaction.database] += len(transaction.statements)
         items = len(data.lines)
+        undo = {}
+        if compensating_at is not None:
+            undo_seconds = ended - compensating_at
+            undo = {
+                "undo_seconds": round(undo_seconds, 2),
+                "undone_items_per_s": round(items / undo_seconds, 1),
+            }
         return {
             "seconds": round(took, 2),
             "items_per_s": round(items / took, 1),
+            **undo,
             "data_bytes": data_bytes,
             "step_state_peak_bytes": state_peak,
             "orchestrator_statements_per_item": round(by_database[self.home.name] / items, 2),
             "participant_statements_per_item": round(by_database[self.stock.name] / items, 2),
         }
 
-    def _follow(self, saga_id: uuid.UUID, status: str) -> tuple[int, int]:
-        """Sample the saga until it reaches ``status``: its data's size then, and its step
-        state's largest size on the way."""
+    def _follow(self, saga_id: uuid.UUID, status: str) -> tuple[int, int, float | None]:
+        """Sample the saga until it reaches ``status``: its data's size then, its step
+        state's largest size on the way, and when it was first seen compensating (None:
+        never)."""
         deadline = time.monotonic() + 1800
         peak = 0
+        compensating_at = None
         with psycopg.connect(self.home.url, autocommit=True) as conn:
             while True:
                 row = conn.execute(SIZES, (saga_id,)).fetchone()
                 assert row is not None
                 peak = max(peak, row[1] or 0)
+                if row[2] == "compensating" and compensating_at is None:
+                    compensating_at = time.monotonic()
                 if row[2] == status:
-                    return int(row[0]), peak
+                    return int(row[0]), peak, compensating_at
                 if row[2] not in ("running", "compensating"):
                     raise RuntimeError(f"saga {saga_id} is {row[2]}, not {status}")
                 if time.monotonic() >= deadline:
@@ -125,7 +141,7 @@ def measure(items: int, broker: str, work_dir: Path) -> dict[str, dict[str, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--items", type=int, default=ITEMS)
     parser.add_argument("--broker", choices=("rabbitmq", "postgres", "both"), default="both")
     args = parser.parse_args()
     brokers = ("rabbitmq", "postgres") if args.broker == "both" else (args.broker,)
@@ -136,19 +152,27 @@ def main() -> None:
             for run, result in measure(args.items, broker, Path(logs)).items():
                 for name, value in result.items():
                     figures[f"{broker}_{run}_{name}"] = value
+                undo = (
+                    f", of which {result['undo_seconds']} s to undo them "
+                    f"({result['undone_items_per_s']} items/s)"
+                    if "undo_seconds" in result
+                    else ""
+                )
                 rows.append(
                     (
                         f"{args.items} items, {broker}, to {run}",
-                        f"{result['seconds']} s ({result['items_per_s']} items/s); data "
+                        f"{result['seconds']} s ({result['items_per_s']} items/s){undo}; data "
                         f"{result['data_bytes']} B, step state at most "
                         f"{result['step_state_peak_bytes']} B; statements per item: "
                         f"{result['orchestrator_statements_per_item']} orchestrator, "
                         f"{result['participant_statements_per_item']} participant",
-                        "cap 50 in flight; compensation one item at a time",
+                        "cap 50 in flight, forward and compensating",
                     )
                 )
                 print(rows[-1], flush=True)
-    print(report.write(figures, rows, machine(), name="fan-out"))
+    full = args.items == ITEMS and args.broker == "both"
+    name = "fan-out" if full else f"fan-out-{args.items}-{args.broker}"
+    print(report.write(figures, rows, machine(), name=name))
 
 
 if __name__ == "__main__":

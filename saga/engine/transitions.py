@@ -77,9 +77,7 @@ class Transition:
         if self.record.status is SagaStatus.RUNNING:
             step.take_success(self, reply)
         else:
-            self.log_step(step, Phase.COMPENSATION, "succeeded", self.record.step_started_at)
-            self.record.completed_steps.pop()
-            self._compensate_next(attempt=1)
+            step.take_undone(self)
 
     def on_failure(self, failure: FailureReply) -> None:
         step = self._current()
@@ -87,12 +85,7 @@ class Transition:
         if self.record.status is SagaStatus.RUNNING:
             step.take_failure(self, failure)
         else:
-            reason = f"{step.name}: {failure.reason}"
-            self.log_step(step, Phase.COMPENSATION, "failed", self.record.step_started_at, reason)
-            if failure.code == DEAD_LETTERED:
-                self.give_up(step, Phase.COMPENSATION, reason)
-            else:
-                self.retry_or_give_up(step, Phase.COMPENSATION, reason)
+            step.take_undo_failure(self, failure)
 
     def on_timer(self, timer: StepTimer) -> None:
         step = self.saga.step(timer.step)
@@ -239,6 +232,21 @@ class Transition:
         state = current.kept_for_compensation(self.record.step_state) if current else {}
         self.record.step_state = state
         self._compensate_next(attempt=1)
+
+    def step_undone(self, step: StepKind) -> None:
+        """``step``'s compensation succeeded: go on undoing the steps before it."""
+        self.log_step(step, Phase.COMPENSATION, "succeeded", self.record.step_started_at)
+        self.record.completed_steps.pop()
+        self._compensate_next(attempt=1)
+
+    def undo_failed(self, step: StepKind, reason: str, code: str | None) -> None:
+        """A compensation of ``step`` failed: retry it, or give up (a dead letter, or its
+        retries spent) and leave the saga to an operator's resume."""
+        self.log_step(step, Phase.COMPENSATION, "failed", self.record.step_started_at, reason)
+        if code == DEAD_LETTERED:
+            self.give_up(step, Phase.COMPENSATION, reason)
+        else:
+            self.retry_or_give_up(step, Phase.COMPENSATION, reason)
 
     def _compensate_next(self, attempt: int, message_id: UUID | None = None) -> None:
         """Compensate the completed steps, latest first, until one waits for an answer."""

@@ -19,7 +19,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from saga.engine.definition import LocalAction, Saga
-from saga.engine.staleness import awaits_reply, deadline_applies, may_undo, wait_timeout_applies
+from saga.engine.staleness import (
+    awaits,
+    awaits_reply,
+    deadline_applies,
+    may_undo,
+    wait_timeout_applies,
+)
 from saga.engine.state import SagaRecord, StepLogEntry
 from saga.engine.transition_results import LocalOutcome
 from saga.engine.transitions import Transition
@@ -221,7 +227,7 @@ class SagaScenario:
         """What the orchestrator does with a message for this saga (routing, then transition)."""
         record = self.record
         if isinstance(body, StepTimer):
-            if record.pending_message_id == envelope.message_id:
+            if awaits(record, envelope.message_id):  # as the orchestrator asks
                 self._transition(envelope, lambda run: run.on_timer(body))
         elif isinstance(body, WaitTimeout):
             if wait_timeout_applies(record, envelope):

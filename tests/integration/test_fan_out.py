@@ -1,9 +1,11 @@
 """A fan-out of 1,000 items on real PostgreSQL, over RabbitMQ and the PostgreSQL broker:
 every item reserved once and gathered into the data, then, when a later step fails, every
-item released once; and a failed item releasing exactly the items that took effect."""
+item released once; a failed item releasing exactly the items that took effect; and
+releases that fail at first retried, each on its own, while the others go on."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from uuid import UUID
 
@@ -29,6 +31,7 @@ class Order(BaseModel):
     order_id: str
     lines: list[Line]
     fail_sku: str | None = None  # the line the stock service refuses
+    release_fails_once_every: int = 0  # every n-th line's release fails at first (0: none)
     confirm_fails: bool = False
     reserved: int = 0  # gathered from every line's reply
 
@@ -45,6 +48,12 @@ class LineReserved(BaseModel):
 
 class ReleaseLine(BaseModel):
     sku: str
+    fails_once: bool = False
+
+
+def release(data: Order, line: Line) -> ReleaseLine:
+    every = data.release_fails_once_every
+    return ReleaseLine(sku=line.sku, fails_once=every > 0 and int(line.sku[-4:]) % every == 0)
 
 
 class Confirm(BaseModel):
@@ -60,7 +69,7 @@ order.for_each(
     command=lambda d, line: ReserveLine(sku=line.sku, qty=line.qty, fails=line.sku == d.fail_sku),
     reply=LineReserved,
     on_reply=lambda d, line, r: d.model_copy(update={"reserved": d.reserved + r.qty}),
-    compensate=lambda d, line: ReleaseLine(sku=line.sku),
+    compensate=release,
     max_in_flight=50,
     key=lambda line: line.sku,
 )
@@ -80,8 +89,19 @@ def reserve_line(tx: Tx, cmd: ReserveLine, ctx: HandlerContext) -> LineReserved:
     return LineReserved(qty=cmd.qty)
 
 
+#: (saga, sku) of the releases that failed once already; the services run in this process.
+failed_once: set[tuple[UUID | None, str]] = set()
+failed_once_lock = threading.Lock()
+
+
 @stock.handler(ReleaseLine)
 def release_line(tx: Tx, cmd: ReleaseLine, ctx: HandlerContext) -> None:
+    if cmd.fails_once:
+        with failed_once_lock:
+            first = (ctx.envelope.saga_id, cmd.sku) not in failed_once
+            failed_once.add((ctx.envelope.saga_id, cmd.sku))
+        if first:
+            raise StepFailed(f"stock busy releasing {cmd.sku}")
     record_effect(tx, "release", cmd.sku)
 
 
@@ -144,3 +164,21 @@ def test_a_failed_item_releases_exactly_the_items_that_took_effect(
     assert effects(db, "release") == reserved
     error = db.scalar("SELECT last_error FROM saga.saga_instances WHERE id = %s", (saga_id,))
     assert error == "reserve_lines[150]: no stock for sku-0150"
+
+
+@pytest.mark.slow
+def test_compensation_retries_each_failing_release_on_its_own_and_releases_every_item_once(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    data = Order(order_id="o3", lines=lines(120), confirm_fails=True, release_fails_once_every=7)
+    with saga_system_running(db, shared_event_broker, registry, stock):
+        saga_id = start(db, data)
+        settled(db, saga_id, "compensated")
+    every = Counter(line.sku for line in data.lines)
+    assert effects(db, "release") == every
+    failed = db.scalar(
+        "SELECT count(*) FROM saga.saga_steps WHERE saga_id = %s AND step = 'reserve_lines'"
+        " AND phase = 'compensation' AND outcome = 'failed'",
+        (saga_id,),
+    )
+    assert failed == len(range(0, 120, 7))  # each failed once, then its retry succeeded

@@ -5,16 +5,18 @@ mistakes refused at registration or reported when the saga reaches the step."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from saga import Saga
+from saga import Saga, StepRetry
 from saga.engine.fingerprints import fingerprint, shape
 from saga.errors import ConfigurationError
 from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER
 from saga.testing import SagaScenario
+from saga.testing.messages import Message
 
 
 class Line(BaseModel):
@@ -48,8 +50,8 @@ class CancelOrder(BaseModel):
     pass
 
 
-def order_saga(*, cap: int = 2) -> Saga[Order]:
-    saga = Saga("order", data=Order)
+def order_saga(*, cap: int = 2, retry: StepRetry | None = None) -> Saga[Order]:
+    saga = Saga("order", data=Order, retry=retry or StepRetry())
     saga.remote("create", service="orders", command=CreateOrder, compensate=CancelOrder)
     saga.for_each(
         "reserve_lines",
@@ -159,16 +161,110 @@ def test_a_resume_inside_a_fan_out_sends_the_items_still_out_again_under_their_i
     assert set(again) == first
 
 
-def test_a_resume_while_an_item_compensation_is_stuck_sends_that_one_again() -> None:
-    scenario = created(("a", "b"))
-    scenario.expect_command("stock", ReserveLine(sku="a", qty=1)).reply(
-        LineReserved(reservation="ra")
-    )
-    scenario.expect_command("stock", ReserveLine(sku="b", qty=1)).fail("no")
+def releases(scenario: SagaScenario) -> list[Message]:
+    return [m for m in scenario.sent_to("stock") if m.type.endswith("ReleaseLine")]
+
+
+def released_sku(message: Message) -> str:
+    return str(message.payload["sku"])
+
+
+def compensating(
+    skus: tuple[str, ...], *, cap: int, retry: StepRetry | None = None
+) -> SagaScenario:
+    """Every item reserved, then a later step fails: every item is to be undone."""
+    saga = order_saga(cap=cap, retry=retry)
+    saga.remote("charge", service="payments", command=CreateOrder)
+    scenario = SagaScenario(saga, lines(*skus))
+    scenario.on("orders", CreateOrder, LineReserved(reservation="o"))
+    scenario.on("orders", CancelOrder, LineReserved(reservation=""))
+    scenario.on("stock", ReserveLine, LineReserved(reservation="r"))
+    scenario.expect_command("payments", CreateOrder()).fail("declined")
     scenario.run_until_idle()
-    undo = scenario.expect_command("stock", ReleaseLine(sku="a"))
+    assert scenario.status == "compensating"
+    return scenario
+
+
+def test_compensations_go_out_up_to_the_cap_and_each_answer_in_any_order_sends_the_next() -> None:
+    scenario = compensating(("a", "b", "c", "d", "e"), cap=2)
+    assert [released_sku(m) for m in releases(scenario)] == ["e", "d"]  # latest first, 2 out
+    assert scenario.record.completed_steps == ["create", "reserve_lines"]
+    scenario.expect_command("stock", ReleaseLine(sku="d")).reply(LineReserved(reservation=""))
+    scenario.run_until_idle()
+    assert [released_sku(m) for m in releases(scenario)] == ["e", "d", "c"]
+    for sku in ("c", "e", "b"):  # answered in another order than sent
+        scenario.expect_command("stock", ReleaseLine(sku=sku)).reply(LineReserved(reservation=""))
+        scenario.run_until_idle()
+        assert len(scenario.record.step_state["awaits"]) <= 2
+    assert scenario.sent_to("orders")[-1].type.endswith("CreateOrder")  # "a" is still out
+    scenario.expect_command("stock", ReleaseLine(sku="a")).reply(LineReserved(reservation=""))
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"
+    assert sorted(released_sku(m) for m in releases(scenario)) == ["a", "b", "c", "d", "e"]
+    assert scenario.steps.count("reserve_lines compensation succeeded") == 5
+
+
+def test_a_late_duplicate_answer_to_a_compensation_is_refused() -> None:
+    scenario = compensating(("a", "b", "c"), cap=2)
+    undo_c = scenario.expect_command("stock", ReleaseLine(sku="c")).message
+    scenario.answer(undo_c, LineReserved(reservation=""))
+    scenario.run_until_idle()
+    state = dict(scenario.record.step_state)
+    scenario.answer(undo_c, LineReserved(reservation=""))  # the participant answers again
+    scenario.run_until_idle()
+    assert scenario.ignored[-1].causation_id == undo_c.envelope.message_id
+    assert scenario.record.step_state == state
+    assert [released_sku(m) for m in releases(scenario)] == ["c", "b", "a"]
+
+
+def test_a_resume_while_compensating_sends_every_compensation_still_out_again() -> None:
+    scenario = compensating(("a", "b", "c"), cap=2)
+    scenario.expect_command("stock", ReleaseLine(sku="c")).reply(LineReserved(reservation=""))
+    scenario.run_until_idle()
+    out = {m.envelope.message_id for m in releases(scenario)[1:]}  # b and a
     assert scenario.resume()
-    assert scenario.sent_to("stock")[-1].envelope.message_id == undo.message.envelope.message_id
+    again = releases(scenario)[3:]
+    assert {m.envelope.message_id for m in again} == out
+    assert sorted(released_sku(m) for m in again) == ["a", "b"]
+
+
+def test_a_failed_item_compensation_retries_on_its_own_while_the_others_go_on() -> None:
+    scenario = compensating(("a", "b", "c"), cap=2, retry=StepRetry(attempts=3))
+    scenario.expect_command("stock", ReleaseLine(sku="c")).fail("stock service busy")
+    scenario.expect_command("stock", ReleaseLine(sku="b")).reply(LineReserved(reservation=""))
+    scenario.run_until_idle()
+    assert [released_sku(m) for m in releases(scenario)] == ["c", "b", "a"]  # a took b's place
+    scenario.expect_command("stock", ReleaseLine(sku="a")).reply(LineReserved(reservation=""))
+    scenario.advance(timedelta(seconds=1))  # c's retry timer
+    again = scenario.expect_command("stock", ReleaseLine(sku="c"))
+    first = releases(scenario)[0]
+    assert again.message.envelope.message_id != first.envelope.message_id
+    assert (
+        again.message.envelope.headers[IDEMPOTENCY_KEY_HEADER]
+        == (first.envelope.headers[IDEMPOTENCY_KEY_HEADER])
+    )
+    again.reply(LineReserved(reservation=""))
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"
+    assert "reserve_lines compensation failed" in scenario.steps
+
+
+def test_giving_up_on_an_item_compensation_leaves_the_rest_to_a_resume() -> None:
+    scenario = compensating(("a", "b", "c"), cap=2, retry=StepRetry(attempts=1))
+    scenario.expect_command("stock", ReleaseLine(sku="c")).fail("no such reservation")
+    scenario.run_until_idle()
+    assert scenario.status == "compensation_failed"
+    assert scenario.record.last_error == "reserve_lines[2]: no such reservation"
+    undo_b = scenario.expect_command("stock", ReleaseLine(sku="b")).message
+    scenario.answer(undo_b, LineReserved(reservation=""))
+    scenario.run_until_idle()
+    assert scenario.ignored[-1].causation_id == undo_b.envelope.message_id  # not awaited
+    assert scenario.resume()
+    scenario.on("stock", ReleaseLine, LineReserved(reservation=""))
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"
+    resent = [released_sku(m) for m in releases(scenario)[2:]]
+    assert sorted(resent) == ["a", "b", "c"]  # b again (its key makes it a no-op), c, a
 
 
 def test_a_later_failure_undoes_every_item_of_a_completed_fan_out() -> None:
@@ -283,4 +379,13 @@ def test_a_thousand_items_keep_a_compact_step_state() -> None:
     scenario = created(tuple(f"sku-{n:04d}" for n in range(1000)), cap=50)
     state = scenario.record.step_state
     assert len(state["awaits"]) == 50 and len(state["marks"]) == 1000
+    assert len(json.dumps(state)) < 4096, len(json.dumps(state))
+
+
+def test_a_thousand_items_compensating_keep_a_compact_step_state() -> None:
+    """Compensating, the marks and the 50 compensations out, each with its item's position
+    and attempt: still under 4 KB of JSON."""
+    scenario = compensating(tuple(f"sku-{n:04d}" for n in range(1000)), cap=50)
+    state = scenario.record.step_state
+    assert len(state["awaits"]) == 50 and state["marks"].count("<") == 50
     assert len(json.dumps(state)) < 4096, len(json.dumps(state))

@@ -3,24 +3,31 @@
 Hypothesis draws a saga with a fan-out (one to five items, a cap of one to three, its
 items compensated or not), maybe a step before it, maybe a parallel group before it, maybe
 a step after it, then plays the participant as the parallel-group model does (answers in
-any order, duplicates, dead letters, resumes). What it counts is each command's
-idempotency key, so every item is a unit of its own.
+any order, duplicates, dead letters, resumes), but for the items' compensations, which
+fail too (the saga retries them on its timers, or gives up until a resume). What it
+counts is each command's idempotency key, so every item is a unit of its own.
 
-After every event nothing is undone twice, and nothing is undone that did not take effect
-(or may have); at the end the saga has completed (nothing undone) or compensated, with
-every item and step that took effect undone exactly once.
+After every event nothing is undone twice, nothing is undone that did not take effect
+(or may have), and no item's compensation goes out under a new message id but after a
+failure of its last one or a resume (an item sent twice at once would); at the end the
+saga has completed (nothing undone) or compensated, with every item and step that took
+effect undone exactly once.
 """
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from dataclasses import dataclass
+from uuid import UUID
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize
+from hypothesis.stateful import initialize, rule
 
 from saga import Saga, StepRetry
-from saga.engine.state import SagaRecord
+from saga.engine.staleness import awaits
+from saga.engine.state import SagaRecord, SagaStatus
+from saga.messaging.control import StepTimer
 from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.unit.test_parallel_model import (
     HOME,
@@ -68,6 +75,61 @@ def key(step: str) -> str:
 
 class FanOutMachine(GroupMachine):
     """One saga with a fan-out, moved by Transition and the routing rules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed_undos: Counter[str] = Counter()  # failed compensations, per unit
+        self.resumes = 0  # a resume sends an item's compensation under a new id at most once
+
+    def undoes(self, request: Envelope, outcome: str) -> str:
+        """An item's compensation answers as drawn; the other steps' always succeed (a late
+        success's compensation is sent once, unawaited: its failure would go unseen)."""
+        return outcome if self.is_item(request) else "ok"
+
+    def is_item(self, request: Envelope) -> bool:
+        return ":fan:" in self.unit(request)
+
+    def undo_failed(self, request: Envelope) -> None:
+        self.failed_undos[self.unit(request)] += 1
+
+    def check_undos(self) -> None:
+        super().check_undos()
+        sent: defaultdict[str, set[UUID]] = defaultdict(set)
+        for request in self.requests:
+            if COMPENSATES_HEADER in request.headers and self.is_item(request):
+                sent[self.unit(request)].add(request.message_id)
+        for unit, ids in sent.items():
+            allowed = 1 + self.failed_undos[unit] + self.resumes
+            assert len(ids) <= allowed, f"{unit} compensated {len(ids)}x, {allowed} allowed"
+
+    @rule(data=st.data())
+    def timer_fires(self, data: st.DataObject) -> None:
+        if self.timers:
+            envelope = data.draw(st.sampled_from(self.timers))
+            self.fire(envelope)
+
+    def fire(self, envelope: Envelope) -> None:
+        """A retry timer comes back to the saga: it acts if the saga still awaits it."""
+        self.timers.remove(envelope)
+        if awaits(self.record, envelope.message_id):
+            run = self.transition(envelope)
+            run.on_timer(StepTimer.model_validate(envelope.payload))
+            self.commit(run)
+
+    @rule()
+    def resume(self) -> None:
+        self.resumes += 1
+        super().resume()
+
+    def cooperate(self) -> bool:
+        """Answer everything out, fire every timer, resume a saga that gave up."""
+        acted = super().cooperate() or bool(self.timers)
+        for envelope in list(self.timers):
+            self.fire(envelope)
+        if self.record.status is SagaStatus.COMPENSATION_FAILED:
+            self.resume()
+            acted = True
+        return acted
 
     def unit(self, request: Envelope) -> str:
         """The forward key a request carries, or the one a compensation undoes."""

@@ -34,7 +34,7 @@ from saga.engine.staleness import awaits_reply, deadline_applies, may_undo
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed
-from saga.messaging.control import DEAD_LETTERED, Ack, FailureReply, StepDeadline
+from saga.messaging.control import DEAD_LETTERED, Ack, FailureReply, StepDeadline, StepTimer
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
@@ -48,6 +48,7 @@ HOME = "home"
 SAGA_ID = UUID(int=1)
 OUTCOMES = ["ok", "failed", DEAD_LETTERED]
 DEADLINE = message_type_of(StepDeadline)
+TIMER = message_type_of(StepTimer)
 
 
 class Data(BaseModel):
@@ -107,12 +108,13 @@ class GroupMachine(RuleBasedStateMachine):
         self.clock = datetime(2025, 1, 1, tzinfo=UTC)
         self.requests: list[Envelope] = []  # commands and compensations sent
         self.deadlines: list[Envelope] = []
+        self.timers: list[Envelope] = []  # retry timers the saga sent itself
         self.outcome: dict[UUID, str] = {}  # the first outcome of each command (its inbox)
         self.took_effect: list[str] = []
         self.in_doubt: set[str] = set()  # may have taken effect
         self.undone: Counter[str] = Counter()
         self.applied_undos: set[str] = set()  # compensation keys applied
-        self.answered_undos: set[UUID] = set()
+        self.undo_outcome: dict[UUID, str] = {}  # the first outcome of each compensation
 
     def new_id(self) -> UUID:
         return UUID(int=next(self.ids))
@@ -176,6 +178,8 @@ class GroupMachine(RuleBasedStateMachine):
             envelope = message.envelope
             if envelope.type == DEADLINE:
                 self.deadlines.append(envelope)
+            elif envelope.type == TIMER:
+                self.timers.append(envelope)
             else:
                 assert message.destination != HOME, envelope.type
                 self.requests.append(envelope)
@@ -210,12 +214,16 @@ class GroupMachine(RuleBasedStateMachine):
         step = self.unit(request)
         undo = COMPENSATES_HEADER in request.headers
         if undo:
-            outcome = "ok"
+            first = request.message_id not in self.undo_outcome
+            if first:
+                self.undo_outcome[request.message_id] = self.undoes(request, outcome)
+            outcome = self.undo_outcome[request.message_id]
             key = request.headers[IDEMPOTENCY_KEY_HEADER]  # the participant applies a key once
-            if key not in self.applied_undos:
+            if outcome == "ok" and key not in self.applied_undos:
                 self.applied_undos.add(key)
                 self.undone[step] += 1
-            self.answered_undos.add(request.message_id)
+            elif first and outcome != "ok":
+                self.undo_failed(request)
         else:
             first = request.message_id not in self.outcome
             outcome = self.outcome.setdefault(request.message_id, outcome)
@@ -248,9 +256,16 @@ class GroupMachine(RuleBasedStateMachine):
             run.on_success(reply)
         self.commit(run)
 
+    def undoes(self, request: Envelope, outcome: str) -> str:
+        """What a compensation answers when drawn ``outcome``: here it always succeeds."""
+        return "ok"
+
+    def undo_failed(self, request: Envelope) -> None:
+        """A compensation failed (never here)."""
+
     def outstanding(self) -> list[Envelope]:
         """Requests the participant has not answered yet."""
-        answered = self.outcome.keys() | self.answered_undos
+        answered = self.outcome.keys() | self.undo_outcome.keys()
         return [r for r in self.requests if r.message_id not in answered]
 
     # (Rules without preconditions: one that draws from an empty list does nothing. Rules
@@ -289,6 +304,13 @@ class GroupMachine(RuleBasedStateMachine):
         if run.resume():
             self.commit(run)
 
+    def cooperate(self) -> bool:
+        """Answer every request still out with a success; False when none was."""
+        out = self.outstanding()
+        for request in out:
+            self.answer(request, "ok")
+        return bool(out)
+
     def shape_of(self, name: str) -> Member:
         return next(m for m in self.shape.members if m.name == name)
 
@@ -296,11 +318,8 @@ class GroupMachine(RuleBasedStateMachine):
         if not hasattr(self, "record"):
             return
         for _ in range(100):  # a cooperative world answers everything still out
-            out = self.outstanding()
-            if not out:
+            if not self.cooperate():
                 break
-            for request in out:
-                self.answer(request, "ok")
         status = self.record.status
         assert status in (SagaStatus.COMPLETED, SagaStatus.COMPENSATED), self.record
         if status is SagaStatus.COMPLETED:

@@ -14,10 +14,13 @@ undone).
 
 When an item fails (or a cancel is requested) no further item is sent; once the items
 still out have answered, the items that took effect (or may have: a dead-lettered command)
-are compensated one at a time, latest first, then the steps before the fan-out. While an
-item's compensation is out, the fan-out's name stands twice at the end of the completed
-steps: once for the fan-out, once for the item being undone; the compensation's success
-takes the second off, and the fan-out goes on to its next item.
+are compensated, latest first, ``max_in_flight`` at once: each compensation's success
+sends the next, and once the last is undone the saga compensates the steps before the
+fan-out. Each item's compensation retries on its own (its retry timer is awaited among the
+compensations out, with its attempt); when the saga gives up on one, the others still out
+are no longer awaited, and a resume sends them again. The marks say which items are being
+undone (``<``) and which are undone (``-``); ``awaits`` holds each compensation out (or
+retry timer) with its item's position and attempt.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from saga.db.sql import validate_name
-from saga.engine.state import Phase
+from saga.engine.state import Phase, SagaStatus
 from saga.engine.steps.kind import StepKind, StepShape
 from saga.engine.steps.options import Condition, StepRetry
 from saga.errors import ConfigurationError, StaleReply, UnexpectedReply
@@ -52,7 +55,7 @@ ItemMessage = Callable[[Any, Any], BaseModel]
 ItemReducer = Callable[[Any, Any, Any], BaseModel]
 
 # One character per item in the step's state.
-TO_SEND, OUT, SUCCEEDED, FAILED, IN_DOUBT, UNDONE = ".>+x?-"
+TO_SEND, OUT, SUCCEEDED, FAILED, IN_DOUBT, UNDOING, UNDONE = ".>+x?<-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,21 +190,22 @@ class ForEach(StepKind):
         record.pending_message_id = UUID(next(iter(awaits))) if awaits else None
         record.step_attempt = 1
 
-    def _answered(self, t: Transition) -> int:
-        """The position of the item whose command the event answers, now no longer out."""
+    def _answered(self, t: Transition) -> Any:
+        """What ``awaits`` kept of the message the event answers, now no longer out: the
+        item's position (forward), or its position and attempt (compensation)."""
         message = str(t.cause.causation_id) if t.cause else None
-        index = t.record.step_state["awaits"].pop(message, None)
-        if index is None:
+        entry = t.record.step_state["awaits"].pop(message, None)
+        if entry is None:
             raise StaleReply(f"fan-out {self.name!r} awaits no message {message}")
         t.record.pending_message_id = UUID(message)
-        return int(index)
+        return entry
 
     def _mark(self, t: Transition, index: int, mark: str) -> None:
         marks = t.record.step_state["marks"]
         t.record.step_state["marks"] = f"{marks[:index]}{mark}{marks[index + 1 :]}"
 
     def take_success(self, t: Transition, reply: BaseModel) -> None:
-        index = self._answered(t)
+        index = int(self._answered(t))
         if self.reply is not None and not isinstance(reply, self.reply):
             raise UnexpectedReply(
                 f"fan-out {self.name!r} expects {self.reply.__name__}, got {type(reply).__name__}"
@@ -215,7 +219,7 @@ class ForEach(StepKind):
         self._next(t, items)
 
     def take_failure(self, t: Transition, failure: FailureReply) -> None:
-        index = self._answered(t)
+        index = int(self._answered(t))
         in_doubt = failure.code in (DEAD_LETTERED, PURGED)
         self._mark(t, index, IN_DOUBT if in_doubt else FAILED)
         reason = f"{self.name}[{index}]: {failure.reason}"
@@ -253,6 +257,7 @@ class ForEach(StepKind):
         return {}
 
     def compensate(self, t: Transition, attempt: int, message_id: UUID | None = None) -> bool:
+        """Begin undoing the items (or go on after a resume, or an item's retry timer)."""
         record = t.record
         if self.compensation is None:  # nothing to undo
             record.step_state = {}
@@ -260,29 +265,87 @@ class ForEach(StepKind):
         if "marks" not in record.step_state:  # the fan-out completed: every item took effect
             items = self._items(t.data)
             record.step_state = {"marks": SUCCEEDED * len(items), "digest": self._digest(items)}
-        state = record.step_state
-        undoing = state.get("undoing")
-        if undoing is not None and record.completed_steps[-2:] == [self.name, self.name]:
-            self._undo(t, undoing, attempt, message_id)  # that item's compensation, again
+        awaits = record.step_state.setdefault("awaits", {})
+        items = self._checked_items(t)
+        timer = awaits.pop(str(t.cause.message_id), None) if t.cause else None
+        if timer is not None:  # an item's retry timer: its compensation, again
+            self._undo(t, items, timer[0], attempt, None)
+        elif awaits:  # a resume: every item compensation still out, again, under its id
+            for message, (index, sent_attempt) in list(awaits.items()):
+                self._undo(t, items, index, sent_attempt, UUID(message))
+        else:  # the first items, or a resume after giving up: those left out, again
+            record.step_started_at = t.at
+            marks = record.step_state["marks"]
+            for index in [i for i, mark in enumerate(marks) if mark == UNDOING]:
+                self._undo(t, items, index, 1, None)
+            self._undo_more(t, items)
+        if awaits:
+            self._settle(t)
             return False
-        if undoing is not None:
-            self._mark(t, undoing, UNDONE)
-        marks = state["marks"]
-        index = max(marks.rfind(SUCCEEDED), marks.rfind(IN_DOUBT))
-        if index < 0:
-            record.step_state = {}
-            return True
-        state["undoing"] = index
-        record.completed_steps.append(self.name)
-        self._undo(t, index, attempt, None)
-        return False
+        record.step_state = {}
+        return True
 
-    def _undo(self, t: Transition, index: int, attempt: int, message_id: UUID | None) -> None:
+    def take_undone(self, t: Transition) -> None:
+        """An item is undone: send the next, or, the last one undone, go on to the steps
+        before the fan-out."""
+        self._mark(t, self._undo_answered(t), UNDONE)
+        state = t.record.step_state
+        if self._next_to_undo(state["marks"]) >= 0:
+            self._undo_more(t, self._checked_items(t))
+        if state["awaits"]:
+            t.log_step(self, Phase.COMPENSATION, "succeeded", t.record.step_started_at)
+            self._settle(t)
+        else:
+            t.record.step_state = {}
+            t.step_undone(self)
+
+    def take_undo_failure(self, t: Transition, failure: FailureReply) -> None:
+        """An item's compensation failed: its retry timer is awaited with the rest; once the
+        saga gives up, the compensations still out are no longer awaited (a resume sends
+        them again, under their keys)."""
+        index = self._undo_answered(t)
+        attempt = t.record.step_attempt
+        t.undo_failed(self, f"{self.name}[{index}]: {failure.reason}", failure.code)
+        awaits = t.record.step_state["awaits"]
+        if t.record.status is SagaStatus.COMPENSATION_FAILED:
+            awaits.clear()
+        else:
+            awaits[str(t.record.pending_message_id)] = [index, attempt + 1]
+            self._settle(t)
+
+    def _undo_answered(self, t: Transition) -> int:
+        """The position of the item whose compensation the event answers; the saga's
+        attempt is that compensation's (for the step log and its retry)."""
+        index, attempt = self._answered(t)
+        t.record.step_attempt = attempt
+        return int(index)
+
+    @staticmethod
+    def _next_to_undo(marks: str) -> int:
+        """The latest item that took effect (or may have) and is not undone yet; -1: none."""
+        return max(marks.rfind(SUCCEEDED), marks.rfind(IN_DOUBT))
+
+    def _undo_more(self, t: Transition, items: list[Any]) -> None:
+        """Send item compensations, latest item first, until ``max_in_flight`` are out."""
+        state = t.record.step_state
+        marks = state["marks"]
+        while (
+            len(state["awaits"]) < self.max_in_flight and (index := self._next_to_undo(marks)) >= 0
+        ):
+            self._undo(t, items, index, 1, None)
+            marks = f"{marks[:index]}{UNDOING}{marks[index + 1 :]}"
+        state["marks"] = marks
+
+    def _undo(
+        self, t: Transition, items: list[Any], index: int, attempt: int, message_id: UUID | None
+    ) -> None:
+        """Send item ``index``'s compensation (under ``message_id``: again), now awaited."""
         assert self.compensation is not None
-        item = self._checked_items(t)[index]
+        item = items[index]
         message = self._build(t, self.compensation, item, "compensation")
         envelope = t.envelopes.undo(message, self, self._key(t, index, item), message_id)
-        t.sent(envelope, self.compensation_service or self.service, self.name, attempt)
+        t.outgoing.append(OutgoingMessage(envelope, self.compensation_service or self.service))
+        t.record.step_state["awaits"][str(envelope.message_id)] = [index, attempt]
 
     # -- registration ----------------------------------------------------------
 

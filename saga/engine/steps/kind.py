@@ -101,6 +101,14 @@ class StepKind(ABC):
         False when the saga now waits for the compensation's answer."""
         return True
 
+    def take_undone(self, t: Transition) -> None:
+        """A success answering the step's compensation: the step is undone."""
+        t.step_undone(self)
+
+    def take_undo_failure(self, t: Transition, failure: FailureReply) -> None:
+        """A failure answering the step's compensation: retried, or given up on."""
+        t.undo_failed(self, f"{self.name}: {failure.reason}", failure.code)
+
     def kept_for_compensation(self, state: dict[str, Any]) -> dict[str, Any]:
         """What of its part of the record (``step_state``) the step's compensation needs
         when the saga compensates while at it; the rest is over."""
