@@ -29,10 +29,19 @@ class SagaHome:
         outgoing: Sequence[OutgoingMessage],
         letters: Sequence[DeadLetter],
     ) -> None:
-        """Write a step's outcome: the saga row (if any), log, messages and dead letters."""
-        if record is not None:
-            self.store.save(tx, record)
-        self.store.log(tx, log)
-        self.outbox.add_many(tx, outgoing)
+        """Write a step's outcome: the saga row (if any), log, messages and dead letters.
+
+        The saga row, its log and messages leased to a consumer (a transition run by a
+        delivery) go in one statement; otherwise each kind goes in one of its own."""
+        leased = self.outbox.leased_statement(outgoing) if record is not None else None
+        if record is not None and (leased is not None or not outgoing):
+            written = self.store.save_step(tx, record, log, leased)
+            if leased is not None:
+                self.outbox.take_leased(written)
+        else:
+            if record is not None:
+                self.store.save(tx, record)
+            self.store.log(tx, log)
+            self.outbox.add_many(tx, outgoing)
         for letter in letters:
             self.dead_letters.add(tx, letter)

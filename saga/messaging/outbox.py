@@ -278,6 +278,23 @@ class Outbox:
         columns = list(zip(*rows, strict=True))[:5]
         return self._insert_leased, [lease, *(list(column) for column in columns)]
 
+    def leased_statement(self, messages: Sequence[OutgoingMessage]) -> tuple[str, list[Any]] | None:
+        """The one statement (and its parameters) writing ``messages`` leased to the writer,
+        for a caller to run as part of a statement of its own and hand what it returned to
+        :meth:`take_leased`; None when they are not written that way (no leases active,
+        none to write, or some held back)."""
+        leases = active_leases()
+        rows = self.rows(messages)
+        if leases is None or not rows or any(held_back(row) for row in rows):
+            return None
+        return self.leased_insert(rows, leases.lease)
+
+    def take_leased(self, returned: Sequence[Sequence[Any]]) -> None:
+        """Hand the rows a :meth:`leased_statement` returned to the active leases."""
+        leases = active_leases()
+        assert leases is not None
+        leases.add_written(returned)
+
     def written(self, tx: Tx, ids: Sequence[int]) -> None:
         """Announce outbox rows just written on ``tx`` by other means than :meth:`add`
         (never leased): a (debounced) wake-up for relays."""

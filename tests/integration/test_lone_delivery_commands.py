@@ -10,14 +10,16 @@ framework commands, and publishing the reply after commit none at all.
 from __future__ import annotations
 
 from psycopg import sql
+from pydantic import BaseModel
 
 from bench.lone_delivery import split
 from bench.statement_log import log_window, parse
+from saga import Saga, SagaRegistry
 from saga.messaging.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase, with_database
-from tests.support.running import running_service
-from tests.support.services import EFFECTS_DDL, Ping, service
+from tests.support.running import running_service, saga_system_running
+from tests.support.services import EFFECTS_DDL, Ping, Pong, service
 from tests.support.wait import wait_until
 
 JSON = "application/json"
@@ -50,3 +52,43 @@ def test_a_lone_delivery_costs_at_most_four_framework_commands_and_none_to_publi
     counts = (len(found.transaction), len(found.publishing))
     assert counts[0] <= 4 and counts[1] == 0, (counts, found)
     assert found.transaction[0] == "BEGIN" and found.transaction[-1] == "COMMIT", found
+
+
+class Trip(BaseModel):
+    key: str
+
+
+two_hops = Saga("two_hops", data=Trip)
+two_hops.remote("first", service=service.name, command=lambda d: Ping(key=d.key), reply=Pong)
+two_hops.remote("second", service=service.name, command=lambda d: Ping(key=d.key, n=1))
+hops = SagaRegistry("lone_hops")
+hops.register(two_hops)
+
+
+def test_a_reply_alone_moves_its_saga_in_one_statement_beside_the_inbox_and_the_row_read(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """The saga's home handling a reply alone: BEGIN, the inbox row, the saga row read, the
+    saga row with its step log and its next command (one statement), the closing
+    statement, COMMIT; the three writes were three statements."""
+    db.execute(EFFECTS_DDL)
+    db.execute(
+        sql.SQL("ALTER DATABASE {} SET log_statement = 'all'")  # type: ignore[arg-type]
+        .format(sql.Identifier(db.name))
+        .as_string()
+    )
+    with (
+        saga_system_running(db, rabbit, hops, service),
+        log_window(with_database(db.url, "postgres"), [db.name]) as lines,
+    ):
+        with db.connect(autocommit=False) as conn, conn.transaction():
+            saga_id = hops.start(conn, two_hops, Trip(key="alone"))
+        wait_until(
+            lambda: db.scalar("SELECT status FROM saga.saga_instances") == "completed",
+            what="the saga completed",
+        )
+    moving = [t for t in parse(lines) if str(saga_id) in t.text() and "saga_steps" in t.text()]
+    reply = next(t for t in moving if "inbox" in t.text() and "Ping" in t.text())
+    sqls = [s.sql for s in reply.statements]
+    assert len(sqls) <= 6, sqls
+    assert any("saga_instances" in s and "saga_steps" in s and "outbox" in s for s in sqls), sqls

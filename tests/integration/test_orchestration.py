@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 from pydantic import BaseModel
 
 from saga import Saga, SagaRegistry
-from saga.errors import ConfigurationError, IdempotencyKeyReused, NotCancellable
+from saga.engine.state import Phase, SagaRecord, StepLogEntry
+from saga.errors import (
+    ConcurrentUpdate,
+    ConfigurationError,
+    IdempotencyKeyReused,
+    NotCancellable,
+)
 from saga.messaging.control import Ack
 from saga.messaging.envelope import Envelope
+from saga.messaging.leases import Leases, leasing
+from saga.messaging.outbox import OutgoingMessage
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
 from tests.support.running import running_relay, running_service
@@ -255,3 +265,33 @@ def test_reply_for_an_unknown_saga_is_retried_then_dead_lettered(
         )
     row = db.rows("SELECT error_type, message_id, attempts FROM saga.dead_letters")[0]
     assert row == ("UnknownSaga", stray.message_id, 4)
+
+
+@pytest.mark.parametrize("leased", [True, False], ids=["leased-one-statement", "unleased"])
+def test_a_saga_written_from_a_stale_copy_is_refused(db: TestDatabase, leased: bool) -> None:
+    """Two transitions of one saga read at the same version: the second one's write (the
+    saga row with its step log and next message, in one statement when the messages are
+    leased to a consumer) raises ConcurrentUpdate, and none of it commits."""
+    saga_id = start(db, TripData(trip_id="stale"))
+    home = registry.home
+    with db.connect(autocommit=False) as conn:
+        first, second = home.store.load(conn, saga_id), home.store.load(conn, saga_id)
+        conn.rollback()
+    assert first is not None and second is not None
+    counts = "SELECT (SELECT count(*) FROM saga.outbox), (SELECT count(*) FROM saga.saga_steps)"
+    before = db.rows(counts)[0]
+
+    def write(conn: psycopg.Connection[Any], record: SagaRecord) -> None:
+        entry = StepLogEntry(
+            record.id, "book", Phase.FORWARD, 1, "succeeded", record.updated_at,
+            record.updated_at,
+        )  # fmt: skip
+        note = OutgoingMessage(Envelope.wrap(Ack(), saga_id=record.id), "bank")
+        with leasing(Leases()) if leased else nullcontext(), conn.transaction():
+            home.persist(conn, record, [entry], [note], [])
+
+    with db.connect(autocommit=False) as conn:
+        write(conn, first)
+        with pytest.raises(ConcurrentUpdate, match="changed since version"):
+            write(conn, second)
+    assert db.rows(counts)[0] == (before[0] + 1, before[1] + 1)
