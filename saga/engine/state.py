@@ -56,11 +56,17 @@ def data_fingerprint(data: dict[str, Any]) -> str:
 
 def waiting_on(step: str | None, step_state: dict[str, Any]) -> list[str]:
     """The steps a saga at ``step`` waits on: a parallel group's members still out (their
-    messages still awaited, in the order they were sent), else the step itself."""
+    messages still awaited, in the order they were sent; a fan-out member once), else the
+    step itself."""
     members = step_state.get("members")
-    if members:
-        member_of = {entry["message"]: name for name, entry in members.items()}
-        return [member_of[m] for m in step_state.get("awaits", ()) if m in member_of]
+    if members and "awaits" in step_state:
+        member_of = {
+            message: name
+            for name, entry in members.items()
+            for message in ([entry["message"]] if "message" in entry else entry["awaits"])
+        }
+        out = [member_of[m] for m in step_state["awaits"] if m in member_of]
+        return list(dict.fromkeys(out))
     return [step] if step else []
 
 
