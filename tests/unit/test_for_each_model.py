@@ -1,14 +1,16 @@
 """Model-based tests of fan-outs: items answered in any order, next to a parallel group.
 
 Hypothesis draws a saga with a fan-out (one to five items, a cap of one to three, its
-items compensated or not), maybe a step before it, maybe a parallel group before it, maybe
-a step after it, then plays the participant as the parallel-group model does (answers in
-any order, duplicates, dead letters, resumes). What it counts is each command's
+items compensated or not), maybe a step before it, maybe a parallel group (members with
+or without deadlines) before it or holding it as a member, maybe a step after it, then
+plays the participant as the parallel-group model does (answers in any order,
+duplicates, dead letters, deadlines, resumes). What it counts is each command's
 idempotency key, so every item is a unit of its own.
 
 After every event nothing is undone twice, and nothing is undone that did not take effect
 (or may have); at the end the saga has completed (nothing undone) or compensated, with
-every item and step that took effect undone exactly once.
+every item and step that took effect undone exactly once (in a group, an item whose
+success came after a sibling failed included).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from saga import Saga, StepRetry
+from saga.engine.definition import COMPENSATE, RETRY
 from saga.engine.state import SagaRecord
 from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.unit.test_parallel_model import (
@@ -39,22 +42,33 @@ class FanShape:
 
     before: bool
     group: tuple[Member, ...]  # empty: no group
+    in_group: bool  # the fan-out is a member of the group (else it comes after it)
     items: int
     cap: int
     compensated: bool
     after: bool
-    members: tuple[Member, ...] = ()  # what the group model reads for deadlines (none here)
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """What the group model reads for deadlines."""
+        return self.group
 
 
 @st.composite
 def fan_shapes(draw: st.DrawFn) -> FanShape:
+    in_group = draw(st.booleans())
     group = tuple(
-        Member(name=f"m{i}", compensated=draw(st.booleans()))
-        for i in range(draw(st.sampled_from([0, 0, 2])))
+        Member(
+            name=f"m{i}",
+            compensated=draw(st.booleans()),
+            deadline=draw(st.sampled_from([None, None, RETRY, COMPENSATE])),
+        )
+        for i in range(draw(st.sampled_from([1, 2] if in_group else [0, 0, 2])))
     )
     return FanShape(
         before=draw(st.booleans()),
         group=group,
+        in_group=in_group,
         items=draw(st.integers(min_value=1, max_value=5)),
         cap=draw(st.integers(min_value=1, max_value=3)),
         compensated=draw(st.booleans()) or draw(st.booleans()),
@@ -74,14 +88,30 @@ class FanOutMachine(GroupMachine):
         headers = request.headers
         return headers.get(COMPENSATES_HEADER) or headers[IDEMPOTENCY_KEY_HEADER]
 
+    def unit_of(self, step: str) -> str:
+        return key(step)
+
     def build_fan_out(self, shape: FanShape) -> Saga[Data]:
         saga = Saga("model", data=Data, retry=StepRetry(attempts=2))
         if shape.before:
             self.remote(saga, Member("before"))
-        if shape.group:
+        if shape.in_group:
             with saga.parallel("group"):
-                for member in shape.group:
+                self.remote(saga, shape.group[0])
+                self.fan_out(saga, shape)
+                for member in shape.group[1:]:
                     self.remote(saga, member)
+        else:
+            if shape.group:
+                with saga.parallel("group"):
+                    for member in shape.group:
+                        self.remote(saga, member)
+            self.fan_out(saga, shape)
+        if shape.after:
+            self.remote(saga, Member("after"))
+        return saga
+
+    def fan_out(self, saga: Saga[Data], shape: FanShape) -> None:
         saga.for_each(
             "fan",
             items=lambda d: [f"i{n}" for n in range(shape.items)],
@@ -91,9 +121,6 @@ class FanOutMachine(GroupMachine):
             max_in_flight=shape.cap,
             key=lambda item: item,
         )
-        if shape.after:
-            self.remote(saga, Member("after"))
-        return saga
 
     @initialize(shape=fan_shapes())
     def start(self, shape: FanShape) -> None:
