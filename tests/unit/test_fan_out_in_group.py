@@ -137,7 +137,10 @@ def test_the_first_items_leave_with_the_sibling_and_the_saga_goes_on_when_all_an
     scenario.run_until_idle()
     assert scenario.sent_to("payments") == []
     scenario.answer(reserve(scenario, "c"), Reserved(reference="rc"))
-    scenario.expect_command("payments", CreateOrder()).reply(Reserved())
+    charge = scenario.expect_command("payments", CreateOrder())
+    # done last: undone first, as the step log shows it succeeded last
+    assert scenario.record.completed_steps == ["create", "reserve_credit", "reserve_lines"]
+    charge.reply(Reserved())
     scenario.run_until_idle()
     assert scenario.status == "completed"
     assert scenario.data == Order(

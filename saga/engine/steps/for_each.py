@@ -21,8 +21,9 @@ takes the second off, and the fan-out goes on to its next item.
 
 A fan-out may also be a member of a parallel group (:mod:`saga.engine.steps.parallel`):
 the group keeps the fan-out's state, the same three keys, under the member's name in its
-own, and calls the ``*_in_group`` hooks. There the fan-out joins the completed steps with
-its first item that took effect, an item that fails fails the group at once, and the items
+own, and calls ``start_items``, ``take_item_success``, ``take_item_failure`` and
+``resend_items`` with it. There the fan-out joins the completed steps with its first item
+that took effect, an item that fails fails the group at once, and the items
 still out then are kept (their message ids) so that a success arriving later is undone:
 with the fan-out's other items if its compensation is still to come, at once otherwise.
 """

@@ -17,10 +17,11 @@ that member in doubt) and ``on_dead_letter="compensate"``.
 A fan-out may be a member too: its first ``max_in_flight`` commands leave with the other
 members', its state (one mark per item, its messages out, its items' digest) sits under
 its name in ``members``, and every item message still out is in ``awaits`` as well. It
-joins the completed steps with its first item that took effect, is done when every item
-succeeded, and fails the group when one item fails. When the group fails, what each
-fan-out member needs to undo its items (and the items still out, whose late successes
-are undone) is kept under ``members`` while the saga compensates.
+joins the completed steps with its first item that took effect (so a sibling failing
+later undoes its items), moves to their end when every item succeeded (so members are
+undone in the order they succeeded), and fails the group when one item fails. When the
+group fails, what each fan-out member needs to undo its items (and the items still out,
+whose late successes are undone) is kept under ``members`` while the saga compensates.
 """
 
 from __future__ import annotations
@@ -160,8 +161,10 @@ class ParallelGroup(StepKind):
             state["awaits"].extend(m for m in entry["awaits"] if m not in state["awaits"])
             if member.name not in t.record.completed_steps:
                 t.record.completed_steps.append(member.name)  # its first item took effect
-            if done:
+            if done:  # undone, as members are, in the order they succeeded
                 t.log_step(member, Phase.FORWARD, "succeeded", t.record.step_started_at)
+                t.record.completed_steps.remove(member.name)
+                t.record.completed_steps.append(member.name)
                 del state["members"][member.name]
         else:
             member.take_reply(t, reply)
