@@ -259,3 +259,22 @@ def test_a_fan_out_member_shows_in_the_group_shape_and_may_not_be_the_pivot() ->
     saga.steps[1] = replace(reserve_step, members=(replace(fan, pivot=True),))
     with pytest.raises(ConfigurationError, match="member 'reserve_lines' is marked pivot"):
         saga.validate()
+
+
+def test_items_that_are_not_a_list_fail_the_group_and_the_sibling_sent_is_undone_late() -> None:
+    saga = Saga("order", data=Order)
+    saga.remote("create", service="orders", command=CreateOrder, compensate=CancelOrder)
+    with saga.parallel("reserve"):
+        saga.remote("reserve_credit", service="customers", command=ReserveCredit,
+                    compensate=ReleaseCredit)  # fmt: skip
+        saga.for_each("reserve_lines", items=lambda d: len(d.lines), service="stock",
+                      command=lambda d, line: ReserveLine(sku="x"))  # fmt: skip
+    scenario = SagaScenario(saga, Order(lines=[Line(sku="a", qty=1)]))
+    scenario.expect_command("orders", CreateOrder()).reply(Reserved())
+    scenario.expect_command("orders", CancelOrder()).reply(Reserved())
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"
+    assert scenario.record.last_error == "fan-out 'reserve_lines': items= must give a list, got int"
+    scenario.answer(credit(scenario), Reserved())  # it left with the group: undone when it lands
+    scenario.run_until_idle()
+    assert credit_releases(scenario) == 1
