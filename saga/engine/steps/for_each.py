@@ -288,7 +288,9 @@ class ForEach(StepKind):
 
     def kept_for_compensation(self, state: dict[str, Any]) -> dict[str, Any]:
         """The marks and digest when an item took effect; and the items still out (in a
-        group that failed), whose late successes are undone."""
+        group that failed), whose late successes are undone; nothing without a compensation."""
+        if self.compensation is None:
+            return {}
         marks = state.get("marks", "")
         kept = {"marks": marks, "digest": state.get("digest")}
         if state.get("awaits"):
