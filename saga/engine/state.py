@@ -56,11 +56,20 @@ def data_fingerprint(data: dict[str, Any]) -> str:
 
 def waiting_on(step: str | None, step_state: dict[str, Any]) -> list[str]:
     """The steps a saga at ``step`` waits on: a parallel group's members still out (their
-    messages still awaited, in the order they were sent), else the step itself."""
+    messages still awaited, in the order they were sent; a fan-out member once), else the
+    step itself. A group that failed may keep a fan-out member's items still out under
+    ``members`` while a fan-out before it awaits its own compensations: none of those is a
+    member's, and the saga waits on that fan-out."""
     members = step_state.get("members")
-    if members:
-        member_of = {entry["message"]: name for name, entry in members.items()}
-        return [member_of[m] for m in step_state.get("awaits", ()) if m in member_of]
+    if members and "awaits" in step_state:
+        member_of = {
+            message: name
+            for name, entry in members.items()
+            for message in ([entry["message"]] if "message" in entry else entry.get("awaits", ()))
+        }
+        out = [member_of[m] for m in step_state["awaits"] if m in member_of]
+        if out:
+            return list(dict.fromkeys(out))
     return [step] if step else []
 
 

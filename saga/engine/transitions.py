@@ -184,6 +184,8 @@ class Transition:
         sent under the step's usual compensation key, so it applies at most once.
         Returns False when there is nothing to undo (the step is still to be
         compensated in order, it has no compensation, or the saga did not compensate).
+        Whether the step is still to be compensated in order is the step's to say: a
+        fan-out there takes a late item's success into the items it will undo.
         """
         record = self.record
         compensated_states = (
@@ -191,7 +193,7 @@ class Transition:
             SagaStatus.COMPENSATED,
             SagaStatus.COMPENSATION_FAILED,
         )
-        if record.status not in compensated_states or step_name in record.completed_steps:
+        if record.status not in compensated_states:
             return False
         step = self.saga.find(step_name)
         return step is not None and step.undo_late(self, reply)

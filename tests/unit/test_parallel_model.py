@@ -189,6 +189,10 @@ class GroupMachine(RuleBasedStateMachine):
         """What ``request`` does or undoes, as the model counts it: its step."""
         return request.headers[STEP_HEADER]
 
+    def unit_of(self, step: str) -> str:
+        """What the model counts for step ``step`` (its requests' :meth:`unit`)."""
+        return step
+
     def check_undos(self) -> None:
         for request in self.requests:
             step = self.unit(request)
@@ -292,7 +296,7 @@ class GroupMachine(RuleBasedStateMachine):
         deadline = StepDeadline.model_validate(envelope.payload)
         if deadline_applies(self.record, deadline):
             if deadline.attempt >= 2 or self.shape_of(deadline.step).deadline == COMPENSATE:
-                self.in_doubt.add(deadline.step)  # given up on: it may have taken effect
+                self.in_doubt.add(self.unit_of(deadline.step))  # given up: it may have run
             run = self.transition(envelope)
             run.on_deadline(deadline)
             self.commit(run)

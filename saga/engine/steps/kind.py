@@ -115,8 +115,9 @@ class StepKind(ABC):
         return {}
 
     def undo_late(self, t: Transition, reply: BaseModel) -> bool:
-        """A success after the saga compensated past the step: send its compensation.
-        False when there is nothing to undo."""
+        """A success after the saga compensated past the step (or, while it is still among
+        the completed steps, a success the step's own compensation must take in): send its
+        compensation. False when there is nothing to undo."""
         return False
 
     # -- registration ----------------------------------------------------------

@@ -114,8 +114,8 @@ class RemoteStep(StepKind):
         return False
 
     def undo_late(self, t: Transition, reply: BaseModel) -> bool:
-        if self.compensation is None:
-            return False
+        if self.compensation is None or self.name in t.record.completed_steps:
+            return False  # nothing to undo, or it is still to be compensated in order
         if self.on_reply is not None:
             t.set_data(self.on_reply(t.data, reply), f"on_reply of {self.name!r}")
         envelope = t.envelopes.compensation(self, t.data)
