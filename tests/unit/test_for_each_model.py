@@ -3,9 +3,9 @@
 Hypothesis draws a saga with a fan-out (one to five items, a cap of one to three, its
 items compensated or not), maybe a step before it, maybe a parallel group before it, maybe
 a step after it, then plays the participant as the parallel-group model does (answers in
-any order, duplicates, dead letters, resumes), but for the items' compensations, which
-fail too (the saga retries them on its timers, or gives up until a resume). What it
-counts is each command's idempotency key, so every item is a unit of its own.
+any order, duplicates, dead letters, compensations that fail and are retried on the
+saga's timers or given up on until a resume). What it counts is each command's
+idempotency key, so every item is a unit of its own.
 
 After every event nothing is undone twice, nothing is undone that did not take effect
 (or may have), and no item's compensation goes out under a new message id but after a
@@ -25,9 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule
 
 from saga import Saga, StepRetry
-from saga.engine.staleness import awaits
-from saga.engine.state import SagaRecord, SagaStatus
-from saga.messaging.control import StepTimer
+from saga.engine.state import SagaRecord
 from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.unit.test_parallel_model import (
     HOME,
@@ -81,11 +79,6 @@ class FanOutMachine(GroupMachine):
         self.failed_undos: Counter[str] = Counter()  # failed compensations, per unit
         self.resumes = 0  # a resume sends an item's compensation under a new id at most once
 
-    def undoes(self, request: Envelope, outcome: str) -> str:
-        """An item's compensation answers as drawn; the other steps' always succeed (a late
-        success's compensation is sent once, unawaited: its failure would go unseen)."""
-        return outcome if self.is_item(request) else "ok"
-
     def is_item(self, request: Envelope) -> bool:
         return ":fan:" in self.unit(request)
 
@@ -102,34 +95,10 @@ class FanOutMachine(GroupMachine):
             allowed = 1 + self.failed_undos[unit] + self.resumes
             assert len(ids) <= allowed, f"{unit} compensated {len(ids)}x, {allowed} allowed"
 
-    @rule(data=st.data())
-    def timer_fires(self, data: st.DataObject) -> None:
-        if self.timers:
-            envelope = data.draw(st.sampled_from(self.timers))
-            self.fire(envelope)
-
-    def fire(self, envelope: Envelope) -> None:
-        """A retry timer comes back to the saga: it acts if the saga still awaits it."""
-        self.timers.remove(envelope)
-        if awaits(self.record, envelope.message_id):
-            run = self.transition(envelope)
-            run.on_timer(StepTimer.model_validate(envelope.payload))
-            self.commit(run)
-
     @rule()
     def resume(self) -> None:
         self.resumes += 1
         super().resume()
-
-    def cooperate(self) -> bool:
-        """Answer everything out, fire every timer, resume a saga that gave up."""
-        acted = super().cooperate() or bool(self.timers)
-        for envelope in list(self.timers):
-            self.fire(envelope)
-        if self.record.status is SagaStatus.COMPENSATION_FAILED:
-            self.resume()
-            acted = True
-        return acted
 
     def unit(self, request: Envelope) -> str:
         """The forward key a request carries, or the one a compensation undoes."""

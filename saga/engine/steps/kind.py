@@ -115,8 +115,9 @@ class StepKind(ABC):
         return {}
 
     def undo_late(self, t: Transition, reply: BaseModel) -> bool:
-        """A success after the saga compensated past the step: send its compensation.
-        False when there is nothing to undo."""
+        """A success after the saga compensated past the step: take its reply, and say
+        whether the step must be undone (the saga then compensates it, awaited and
+        retried as any compensation). False when there is nothing to undo."""
         return False
 
     # -- registration ----------------------------------------------------------
