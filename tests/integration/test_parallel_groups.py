@@ -12,7 +12,16 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
+from saga import (
+    HandlerContext,
+    RetryPolicy,
+    Saga,
+    SagaRegistry,
+    Service,
+    StepFailed,
+    StepRetry,
+    Tx,
+)
 from saga.engine.state import waiting_on
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
@@ -80,6 +89,7 @@ with order.parallel("reserve"):
         reply=StockReserved,
         on_reply=lambda d, r: d.model_copy(update={"stock_ref": r.reference}),
         compensate=ReleaseStock,
+        retry=StepRetry(attempts=2, initial_delay=0.2),  # its release: tried twice, 0.2 s apart
     )
     order.remote(
         "reserve_credit", service="stores", command=ReserveCredit, compensate=ReleaseCredit
@@ -200,7 +210,7 @@ def test_a_failed_member_undoes_its_siblings_and_the_steps_before_once_each(
 def test_a_member_answering_after_the_saga_compensated_is_undone_its_release_retried(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
-    data = Order(order_id="o5", credit_fails=True, stock_late=True, release_refusals=1)
+    data = Order(order_id="o9", credit_fails=True, stock_late=True, release_refusals=1)
     undone = ("reserve_stock", "compensation", "succeeded")
     with saga_system_running(db, shared_event_broker, registry, stores):
         saga_id = start(db, data)
@@ -213,6 +223,28 @@ def test_a_member_answering_after_the_saga_compensated_is_undone_its_release_ret
     ]
     status = db.scalar("SELECT status FROM saga.saga_instances WHERE id = %s", (saga_id,))
     assert status == "compensated"
+
+
+def test_a_late_members_release_refused_until_its_retries_are_spent_waits_for_a_resume(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    data = Order(order_id="o10", credit_fails=True, stock_late=True, release_refusals=2)
+    with saga_system_running(db, shared_event_broker, registry, stores):
+        saga_id = start(db, data)
+        settled(db, saga_id, "compensation_failed")
+        listed = saga_cli(db.url, "list", "--status", "compensation_failed", "--json")
+        [stopped] = json.loads(listed.stdout)
+        assert (stopped["id"], stopped["step"]) == (str(saga_id), "reserve_stock")
+        assert stopped["last_error"] == "reserve_stock: the stock ledger is down"
+        assert effects(db)["release_stock"] == 0
+
+        resumed = saga_cli(db.url, "resume", str(saga_id), "--reason", "ledger back")
+        assert resumed.returncode == 0, resumed.stderr
+        settled(db, saga_id, "compensated")
+    assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)
+    assert [outcome for step, phase, outcome in timeline(db, saga_id)[-4:]] == [
+        "late_success", "failed", "failed", "succeeded"
+    ]  # fmt: skip
 
 
 def test_saga_list_and_stats_name_every_member_still_out(db: TestDatabase) -> None:
