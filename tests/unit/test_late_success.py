@@ -3,7 +3,8 @@
 A parallel group's member still out when its sibling failed answers late. Its compensation
 is retried under the step's retry policy, given up on for an operator (the saga
 ``compensation_failed``, its ``last_error`` naming the step), sent again by a resume, and
-its success is logged; a compensated saga is compensated again once it succeeds.
+its success is logged; a compensated saga is compensated again once it succeeds. A saga
+still compensating, or stopped at a failed compensation, undoes it after that step.
 """
 
 from __future__ import annotations
@@ -145,3 +146,29 @@ def test_a_second_copy_of_the_late_success_sends_nothing_more() -> None:
     s.run_until_idle()
     assert s.status == "compensated"
     assert s.sent("customers", Release) == [RELEASE_CREDIT]
+
+
+def test_a_late_success_while_stopped_at_a_failed_compensation_is_undone_on_resume() -> None:
+    s = SagaScenario(order_saga(), Order())
+    s.expect_command("orders").reply()
+    s.expect_command("inventory", Reserve(what="stock")).fail("out of stock")
+    credit = s.expect_command("customers", Reserve(what="credit"))
+    for delay in (0, 1, 2):
+        s.advance(timedelta(seconds=delay))
+        s.expect_command("orders", Release(what="order")).fail("orders down")
+        s.run_until_idle()
+    assert (s.status, s.step) == ("compensation_failed", "create")
+    credit.reply(Reserved(reference="c-1"))
+    s.run_until_idle()
+    assert (s.status, s.step) == ("compensation_failed", "create")
+    assert [m.type for m in s.sent_to("customers")] == ["Reserve"]  # no release yet
+
+    assert s.resume()
+    s.expect_command("orders", Release(what="order")).reply()
+    s.expect_command("customers", RELEASE_CREDIT).reply()
+    s.run_until_idle()
+    assert s.status == "compensated"
+    assert s.steps[-2:] == [
+        "create compensation succeeded",
+        "reserve_credit compensation succeeded",
+    ]
