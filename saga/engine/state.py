@@ -12,10 +12,12 @@ from uuid import UUID
 
 
 class SagaStatus(StrEnum):
-    """Where a saga stands. Completed and compensated are final; the last three need an operator.
+    """Where a saga stands. Completed is final, and so is compensated but for a step that
+    succeeds late and must be undone; the last three need an operator.
 
     running -> completed
     running -> compensating -> compensated
+    compensated -> compensating           (a step succeeded late: its compensation is out)
     compensating -> compensation_failed   (a compensation kept failing: operator)
     running -> forward_failed             (a step after the pivot kept failing: operator)
     running -> step_dead_lettered         (a held step's command is a dead letter: operator

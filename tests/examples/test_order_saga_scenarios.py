@@ -89,7 +89,9 @@ ANSWERS = [
 @pytest.mark.parametrize(
     ("refused", "undone"),
     [
-        (ReserveStock, []),
+        # the credit, reserved beside the stock, is released (its late success's release
+        # is awaited like any compensation)
+        (ReserveStock, [("customers", ReleaseCredit)]),
         (ReserveCredit, [("inventory", ReleaseStock)]),
         (ChargeCard, [("customers", ReleaseCredit), ("inventory", ReleaseStock)]),
     ],

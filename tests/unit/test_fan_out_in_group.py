@@ -172,6 +172,8 @@ def test_an_item_failing_while_the_sibling_is_out_compensates_at_once() -> None:
     scenario.expect_command("orders", CancelOrder()).reply(Reserved())
     scenario.answer(credit(scenario), Reserved(reference="cr"))
     scenario.run_until_idle()
+    scenario.expect_command("customers", ReleaseCredit()).reply(Reserved())  # awaited
+    scenario.run_until_idle()
     assert scenario.status == "compensated"
     assert released(scenario) == ["a", "c"]
     assert credit_releases(scenario) == 1
@@ -187,12 +189,59 @@ def test_a_sibling_failing_while_items_are_out_undoes_only_the_items_that_succee
     scenario.answer(reserve(scenario, "a"), Reserved(reference="ra"))  # late success
     scenario.answer(reserve(scenario, "b"), Reserved(reference="rb"))
     scenario.run_until_idle()
+    # the fan-out is undone again, for a; b, late while a's release is out, follows it
+    assert scenario.status == "compensating"
+    assert released(scenario) == ["a"]
+    assert scenario.steps.count("reserve_lines late_success") == 2
+    scenario.expect_command("stock", ReleaseLine(sku="a")).reply(Reserved())
+    scenario.expect_command("stock", ReleaseLine(sku="b")).reply(Reserved())
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"
     assert released(scenario) == ["a", "b"]
     scenario.answer(reserve(scenario, "a"), Reserved(reference="ra"))  # a duplicate
     scenario.run_until_idle()
     assert released(scenario) == ["a", "b"]  # undone once
     assert "members" not in scenario.record.step_state  # nothing is out any more
     assert [m for m in scenario.sent_to("stock") if m.payload == {"sku": "c"}] == []
+    assert credit_releases(scenario) == 0
+
+
+def test_an_item_succeeding_after_the_fan_outs_compensation_is_undone_alone_and_awaited() -> None:
+    order = Order(lines=[Line(sku=s, qty=1) for s in "abc"])
+    scenario = SagaScenario(order_saga(retry=StepRetry(attempts=2)), order)
+    scenario.expect_command("orders", CreateOrder()).reply(Reserved())
+    scenario.run_until_idle()
+    scenario.answer(reserve(scenario, "a"), Reserved(reference="ra"))  # c leaves now
+    scenario.run_until_idle()
+    scenario.expect_command("customers", ReserveCredit()).fail("no credit")
+    scenario.expect_command("stock", ReleaseLine(sku="a")).reply(Reserved())
+    scenario.expect_command("orders", CancelOrder()).reply(Reserved())
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"  # b and c still out
+    scenario.answer(reserve(scenario, "c"), Reserved(reference="rc"))
+    scenario.run_until_idle()
+    assert scenario.status == "compensating"  # the fan-out again, for c alone
+    assert released(scenario) == ["a", "c"]
+    assert scenario.record.step_state["members"]["reserve_lines"]["marks"] == "-><"
+    scenario.expect_command("stock", ReleaseLine(sku="c")).fail("stock service busy")
+    scenario.run_until_idle()
+    scenario.advance(timedelta(minutes=5))  # its retry timer
+    scenario.expect_command("stock", ReleaseLine(sku="c")).fail("no such reservation")
+    scenario.run_until_idle()
+    assert scenario.status == "compensation_failed"
+    assert scenario.record.last_error == "reserve_lines[2]: no such reservation"
+    assert scenario.resume()
+    scenario.expect_command("stock", ReleaseLine(sku="c")).reply(Reserved())
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"
+    assert released(scenario) == ["a", "c", "c", "c"]  # a, undone before, not again
+    assert scenario.record.step_state["members"]["reserve_lines"]["out"]  # b: still out
+    scenario.answer(reserve(scenario, "b"), Reserved(reference="rb"))
+    scenario.on("stock", ReleaseLine, Reserved())
+    scenario.run_until_idle()
+    assert scenario.status == "compensated"
+    assert released(scenario) == ["a", "c", "c", "c", "b"]
+    assert "members" not in scenario.record.step_state  # nothing is out any more
     assert credit_releases(scenario) == 0
 
 
@@ -305,8 +354,9 @@ def test_a_fan_out_before_the_group_undoes_its_items_beside_a_members_items_stil
     assert scenario.step == "hold_lines"
     assert scenario.record.waiting_on == ["hold_lines"]
     assert "out" in scenario.record.step_state["members"]["reserve_lines"]
-    scenario.answer(reserve(scenario, "b"), Reserved())  # a late success: undone at once
+    scenario.answer(reserve(scenario, "b"), Reserved())  # a late success: undone after holds
     scenario.on("holds", ReleaseLine, Reserved())
+    scenario.on("stock", ReleaseLine, Reserved())
     scenario.run_until_idle()
     assert scenario.status == "compensated"
     assert released(scenario) == ["b"]

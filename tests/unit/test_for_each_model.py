@@ -4,16 +4,16 @@ Hypothesis draws a saga with a fan-out (one to five items, a cap of one to three
 items compensated or not), maybe a step before it, maybe a parallel group (members with
 or without deadlines) before it or holding it as a member, maybe a step after it, then
 plays the participant as the parallel-group model does (answers in any order,
-duplicates, dead letters, deadlines, resumes), but for the items' compensations, which
-fail too (the saga retries them on its timers, or gives up until a resume). What it
-counts is each command's idempotency key, so every item is a unit of its own.
+duplicates, dead letters, deadlines, compensations that fail and are retried on the
+saga's timers or given up on until a resume, a late success's too). What it counts is
+each command's idempotency key, so every item is a unit of its own.
 
 After every event nothing is undone twice, nothing is undone that did not take effect
-(or may have), and no item's compensation goes out under a new message id but after a
-failure of its last one or a resume (an item sent twice at once would); at the end the
-saga has completed (nothing undone) or compensated, with every item and step that took
-effect undone exactly once (in a group, an item whose success came after a sibling
-failed included).
+(or may have), every compensation sent is awaited, and no item's compensation goes out
+under a new message id but after a failure of its last one or a resume (an item sent
+twice at once would); at the end the saga has completed (nothing undone) or
+compensated, with every item and step that took effect undone exactly once (in a group,
+an item whose success came after a sibling failed included).
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from hypothesis.stateful import initialize, rule
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, RETRY
 from saga.engine.staleness import awaits
-from saga.engine.state import SagaRecord, SagaStatus
+from saga.engine.state import SagaRecord
 from saga.engine.transitions import Transition
-from saga.messaging.control import StepTimer
 from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, Envelope
 from tests.unit.test_parallel_model import (
     HOME,
@@ -95,22 +94,15 @@ class FanOutMachine(GroupMachine):
         super().__init__()
         self.failed_undos: Counter[str] = Counter()  # failed compensations, per unit
         self.resumes = 0  # a resume sends an item's compensation under a new id at most once
-        self.unawaited: set[UUID] = set()  # compensations the saga did not await when sent
 
     def commit(self, run: Transition) -> None:
+        """Every compensation the saga sends it awaits (a late success's, a step's or an
+        item's, included): one sent and forgotten could fail unseen."""
         sent = len(self.requests)
         super().commit(run)
         for request in self.requests[sent:]:
-            undo = COMPENSATES_HEADER in request.headers
-            if undo and not awaits(self.record, request.message_id):
-                self.unawaited.add(request.message_id)
-
-    def undoes(self, request: Envelope, outcome: str) -> str:
-        """An item's compensation the saga awaits answers as drawn; the others always
-        succeed (a late success's compensation, a step's or an item's in a group that
-        failed, is sent once, unawaited: its failure would go unseen)."""
-        awaited = request.message_id not in self.unawaited
-        return outcome if self.is_item(request) and awaited else "ok"
+            if COMPENSATES_HEADER in request.headers:
+                assert awaits(self.record, request.message_id), f"{self.unit(request)} unawaited"
 
     def is_item(self, request: Envelope) -> bool:
         return ":fan:" in self.unit(request)
@@ -128,34 +120,10 @@ class FanOutMachine(GroupMachine):
             allowed = 1 + self.failed_undos[unit] + self.resumes
             assert len(ids) <= allowed, f"{unit} compensated {len(ids)}x, {allowed} allowed"
 
-    @rule(data=st.data())
-    def timer_fires(self, data: st.DataObject) -> None:
-        if self.timers:
-            envelope = data.draw(st.sampled_from(self.timers))
-            self.fire(envelope)
-
-    def fire(self, envelope: Envelope) -> None:
-        """A retry timer comes back to the saga: it acts if the saga still awaits it."""
-        self.timers.remove(envelope)
-        if awaits(self.record, envelope.message_id):
-            run = self.transition(envelope)
-            run.on_timer(StepTimer.model_validate(envelope.payload))
-            self.commit(run)
-
     @rule()
     def resume(self) -> None:
         self.resumes += 1
         super().resume()
-
-    def cooperate(self) -> bool:
-        """Answer everything out, fire every timer, resume a saga that gave up."""
-        acted = super().cooperate() or bool(self.timers)
-        for envelope in list(self.timers):
-            self.fire(envelope)
-        if self.record.status is SagaStatus.COMPENSATION_FAILED:
-            self.resume()
-            acted = True
-        return acted
 
     def unit(self, request: Envelope) -> str:
         """The forward key a request carries, or the one a compensation undoes."""

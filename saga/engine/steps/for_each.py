@@ -28,9 +28,11 @@ own, and calls ``start_items``, ``take_item_success``, ``take_item_failure`` and
 ``resend_items`` with it. There the fan-out joins the completed steps with its first item
 that took effect, an item that fails fails the group at once, and the items still out
 then are kept (``out``: message id to position) so that a success arriving later is
-undone: with the fan-out's other items if its compensation is still to come or under way,
-at once otherwise. Its compensation is the one above, its state (the same marks and
-``awaits``) staying under its name in the group's ``members``.
+undone: with the fan-out's other items if its compensation is still to come or under way;
+otherwise the item is marked among the kept marks and the fan-out goes back among the
+steps to undo, its compensation undoing that item alone (awaited and retried like any).
+Its compensation is the one above, its state (the same marks and ``awaits``) staying
+under its name in the group's ``members``.
 """
 
 from __future__ import annotations
@@ -315,14 +317,15 @@ class ForEach(StepKind):
         return entry
 
     def _undone(self, t: Transition, state: dict[str, Any]) -> None:
-        """Its compensation is over: forget its state, but for the items still out when its
-        group failed (their late successes are undone when they come). Only its own keys:
-        the saga's ``step_state`` may still hold a group's ``members`` beside them."""
-        for key in ("marks", "awaits"):
-            state.pop(key, None)
+        """Its compensation is over: forget its state, but for what the items still out when
+        its group failed need (the marks and the digest: a late success is marked there,
+        and this compensation, run again, undoes that item alone). Only its own keys: the
+        saga's ``step_state`` may still hold a group's ``members`` beside them."""
+        state.pop("awaits", None)
         if state.get("out"):
             return
-        state.pop("digest", None)
+        for key in ("marks", "digest"):
+            state.pop(key, None)
         members = t.record.step_state.get("members", {})
         if members.get(self.name) is state:
             del members[self.name]
@@ -432,8 +435,11 @@ class ForEach(StepKind):
         return OutgoingMessage(envelope, self.compensation_service or self.service)
 
     def undo_late(self, t: Transition, reply: BaseModel) -> bool:
-        """An item still out when its group failed succeeded: undone with the fan-out's other
-        items if the fan-out's compensation is still to come (or under way), else now."""
+        """An item still out when its group failed succeeded: mark it to be undone. If the
+        fan-out's compensation is still to come (or under way), that compensation undoes it
+        with the other items (False: nothing more to do); otherwise the fan-out is to be
+        undone again (True), and its compensation finds that item alone to undo, the others
+        being undone already or never having taken effect."""
         state = t.record.step_state.get("members", {}).get(self.name, {})
         message = str(t.cause.causation_id) if t.cause else None
         if self.compensation is None or message not in state.get("out", {}):
@@ -442,24 +448,20 @@ class ForEach(StepKind):
         items = self._checked_items(t, state)
         if self.on_reply is not None:
             t.set_data(self.on_reply(t.data, items[index], reply), f"on_reply of {self.name!r}")
-        if self.name in t.record.completed_steps:
-            _mark(state, index, SUCCEEDED)
-            note = f"item {index} succeeded after its group failed; undone with the others"
-        else:
-            compensation = self._compensation(t, items, index)
-            t.outgoing.append(compensation)
-            self._undone(t, state)
-            sent = compensation.envelope.type
-            note = f"item {index} succeeded after its group failed; {sent} sent"
+        _mark(state, index, SUCCEEDED)
+        again = self.name not in t.record.completed_steps
+        undone = "to be undone on its own" if again else "to be undone with the other items"
+        note = f"item {index} succeeded after its group failed; {undone}"
         t.log_step(self, Phase.FORWARD, "late_success", t.at, note)
         logger.warning(
-            "saga %s: late success of fan-out %s item %d undone",
+            "saga %s: late success of fan-out %s item %d, %s",
             t.record.id,
             self.name,
             index,
+            undone,
             extra={"saga_id": str(t.record.id), "step": self.name},
         )
-        return True
+        return again
 
     # -- registration ----------------------------------------------------------
 
