@@ -152,7 +152,7 @@ class Bench:
     ) -> Measurement:
         """Submit ``orders`` (paced at ``rate`` per second if given) on ``saga`` and wait for
         all of them."""
-        batch = self._new_orders(orders)
+        batch = self._new_orders(orders, saga)
         before, before_steps = self._scrape_all(), self._steps()
         started = time.monotonic()
         if rate is None:
@@ -195,10 +195,14 @@ class Bench:
             ).fetchall()
         return [float(row[0]) for row in rows]
 
-    def _new_orders(self, orders: int) -> list[OrderData]:
+    def _new_orders(self, orders: int, saga: Saga[OrderData] = create_order) -> list[OrderData]:
         self.last_batch = f"b{self.submitted}"
         batch = workload.make_orders(
-            orders, workload.FailureRates(0, 0, 0, 0), seed=self.submitted, prefix=self.last_batch
+            orders,
+            workload.FailureRates(0, 0, 0, 0),
+            seed=self.submitted,
+            prefix=self.last_batch,
+            max_lines=workload.lines_taken(saga),
         )
         self.submitted += orders
         return batch

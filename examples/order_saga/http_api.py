@@ -24,9 +24,9 @@ import psycopg
 from fastapi import FastAPI, HTTPException
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from saga.examples.order_saga.orders import OrderData, create_order
+from saga.examples.order_saga.orders import OrderData, OrderLine, create_order
 
 _INSERT_ORDER = """
 INSERT INTO orders (id, customer_id, amount_cents, status) VALUES (%s, %s, %s, 'pending')
@@ -47,9 +47,12 @@ BeforeCommit = Callable[[psycopg.AsyncConnection[Any], str], Awaitable[None]]
 
 
 class NewOrder(BaseModel):
+    """An order: its ``lines`` (each a sku and a quantity), or one ``sku`` and ``quantity``."""
+
     customer_id: str
-    sku: str
-    quantity: int = Field(gt=0)
+    lines: list[OrderLine] = []
+    sku: str | None = None
+    quantity: int | None = Field(None, gt=0)
     amount_cents: int = Field(gt=0)
     card_token: str
     region: str
@@ -79,7 +82,10 @@ def create_app(pool: AsyncConnectionPool, *, before_commit: BeforeCommit | None 
     @app.post("/orders", status_code=201)
     async def place_order(order: NewOrder) -> PlacedOrder:
         order_id = order.order_id or f"web-{uuid.uuid4().hex}"
-        data = OrderData(order_id=order_id, **order.model_dump(exclude={"order_id"}))
+        try:
+            data = OrderData(order_id=order_id, **order.model_dump(exclude={"order_id"}))
+        except ValidationError as exc:
+            raise HTTPException(422, exc.errors(include_url=False, include_context=False)) from None
         try:
             async with pool.connection() as conn, conn.transaction():
                 await conn.execute(_INSERT_ORDER, (order_id, order.customer_id, order.amount_cents))

@@ -3,6 +3,7 @@ every decided order notified once and counted once."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,20 +95,27 @@ def _check_credit(
 
 
 def _check_stock(system: Cluster, report: Report, approved: set[str], rejected: set[str]) -> None:
+    """Every line of an approved order shipped (its sku and quantity, nothing more), a
+    rejected order holding no stock, and each sku's level equal to what it started with less
+    what is reserved or shipped."""
     _duplicates(system, "inventory", "stock_reservations", report)
     _duplicates(system, "inventory", "shipments", report)
-    by_order = {
-        r[0]: r[1]
-        for r in rows(system, "inventory", "SELECT order_id, status FROM stock_reservations")
-    }
+    held: dict[str, Counter[tuple[str, str]]] = {}
+    for order, sku, quantity, status in rows(
+        system, "inventory", "SELECT order_id, sku, quantity, status FROM stock_reservations"
+    ):
+        if status != "released":
+            held.setdefault(order, Counter())[(sku, status)] += quantity
+    ordered = _lines_ordered(system)
     for order in approved:
-        if by_order.get(order) != "shipped":
-            report.violations.append(f"approved order {order} has stock {by_order.get(order)}")
-    for order in rejected:
-        if by_order.get(order, "released") != "released":
+        shipped = Counter({(sku, "shipped"): n for sku, n in ordered.get(order, {}).items()})
+        if held.get(order) != shipped:
             report.violations.append(
-                f"rejected order {order} still holds stock ({by_order[order]})"
+                f"approved order {order} ordered {ordered.get(order)} but holds {held.get(order)}"
             )
+    for order in rejected:
+        if held.get(order):
+            report.violations.append(f"rejected order {order} still holds stock ({held[order]})")
     drift = rows(
         system,
         "inventory",
@@ -118,6 +126,22 @@ def _check_stock(system: Cluster, report: Report, approved: set[str], rejected: 
     )
     if drift:
         report.violations.append(f"stock levels drifted for {drift[:3]}")
+
+
+def _lines_ordered(system: Cluster) -> dict[str, Counter[str]]:
+    """Each order's quantity per sku, from its saga's data (its lines, or, for a saga begun
+    before orders had lines and not written since, its one sku and quantity)."""
+    ordered: dict[str, Counter[str]] = {}
+    for order, lines, sku, quantity in rows(
+        system,
+        "orders",
+        "SELECT data->>'order_id', data->'lines', data->>'sku', (data->>'quantity')::int "
+        "FROM saga.saga_instances WHERE name = 'create_order'",
+    ):
+        wanted = ordered.setdefault(order, Counter())
+        for line in lines or [{"sku": sku, "quantity": quantity}]:
+            wanted[line["sku"]] += line["quantity"]
+    return ordered
 
 
 def _check_payments(

@@ -54,8 +54,15 @@ def schedule_shipment(tx: Tx, cmd: ScheduleShipment, ctx: HandlerContext) -> Shi
         "INSERT INTO shipments (id, order_id, reservation_id, region) VALUES (%s, %s, %s, %s)",
         (ctx.idempotency_key, cmd.order_id, cmd.stock_reservation_id, cmd.region),
     )
-    tx.execute(
-        "UPDATE stock_reservations SET status = 'shipped' WHERE id = %s",
-        (cmd.stock_reservation_id,),
-    )
+    if cmd.stock_reservation_id is not None:
+        tx.execute(
+            "UPDATE stock_reservations SET status = 'shipped' WHERE id = %s",
+            (cmd.stock_reservation_id,),
+        )
+    else:  # every line's reservation (a line released by a late success stays released)
+        tx.execute(
+            "UPDATE stock_reservations SET status = 'shipped' "
+            "WHERE order_id = %s AND status = 'reserved'",
+            (cmd.order_id,),
+        )
     return ShipmentScheduled(shipment_id=ctx.idempotency_key)

@@ -55,8 +55,12 @@ class RefundCharge(BaseModel):
 
 
 class ScheduleShipment(BaseModel):
+    """Ship the order's reserved stock: the one reservation named (an order of one sku,
+    create_order versions 1 and 2), or, with none named, every reservation the order holds
+    (version 3: one per line)."""
+
     order_id: str
-    stock_reservation_id: str
+    stock_reservation_id: str | None = None
     region: str
 
 

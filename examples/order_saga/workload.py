@@ -12,7 +12,7 @@ from saga import Saga
 from saga.examples.order_saga import cluster, invariants
 from saga.examples.order_saga.cluster import Cluster
 from saga.examples.order_saga.gateway import DECLINED
-from saga.examples.order_saga.orders import OrderData, create_order
+from saga.examples.order_saga.orders import OrderData, OrderLine, create_order
 
 
 @dataclass(frozen=True)
@@ -25,24 +25,36 @@ class FailureRates:
     shipment: float = 0.05
 
 
+#: A generated order has one to this many lines (each of a different sku).
+MAX_LINES = 3
+
+
+def lines_taken(saga: Saga[OrderData]) -> int:
+    """The most lines an order may have on ``saga``: versions 1 and 2 reserve one sku."""
+    return MAX_LINES if saga.version >= 3 else 1
+
+
 def make_orders(
-    count: int, rates: FailureRates, seed: int = 7, prefix: str = "o"
+    count: int, rates: FailureRates, seed: int = 7, prefix: str = "o", max_lines: int = MAX_LINES
 ) -> list[OrderData]:
+    """``count`` orders of one to ``max_lines`` lines; an order meant to fail on stock has
+    the rare sku (none in stock) on one of its lines."""
     rng = random.Random(seed)
     orders = []
     for i in range(count):
         roll = rng.random()
         edges = [rates.stock, rates.credit, rates.payment, rates.shipment]
         bounds = [sum(edges[: k + 1]) for k in range(4)]
-        quantity = rng.randint(1, 3)
+        skus = rng.sample(cluster.COMMON_SKUS, rng.randint(1, max_lines))
+        if roll < bounds[0]:
+            skus[rng.randrange(len(skus))] = cluster.RARE_SKU
         orders.append(
             OrderData(
                 order_id=f"{prefix}-{i:06d}",
                 customer_id=cluster.BROKE_CUSTOMER
                 if bounds[0] <= roll < bounds[1]
                 else rng.choice(cluster.RICH_CUSTOMERS),
-                sku=cluster.RARE_SKU if roll < bounds[0] else rng.choice(cluster.COMMON_SKUS),
-                quantity=quantity,
+                lines=[OrderLine(sku=sku, quantity=rng.randint(1, 3)) for sku in skus],
                 amount_cents=rng.randint(100, 50_000),
                 card_token=DECLINED
                 if bounds[1] <= roll < bounds[2]
@@ -66,7 +78,8 @@ def submit(
     """Start one saga per order (idempotency key: the order id), a few per transaction:
     all at once, or ``rate`` orders a second as a steady stream (as a shop's would come).
     ``saga`` is the version they start on (``orders.create_order_v1`` reserves one
-    after the other, to measure against the parallel version 2 in the same run)."""
+    after the other, to measure against the parallel versions in the same run; versions 1
+    and 2 take orders of one line, see :func:`lines_taken`)."""
     if rate:
         per_transaction = max(1, min(per_transaction, round(rate / 20)))
     began = time.monotonic()

@@ -38,6 +38,7 @@ from saga.engine.steps.options import (
     LocalAction,
     StepRetry,
 )
+from saga.engine.steps.parallel import Member
 from saga.errors import ConfigurationError
 from saga.messaging.envelope import message_type_of
 
@@ -79,7 +80,7 @@ class MigrationRule:
 @dataclass(slots=True)
 class _Draft:
     local_compensations: dict[str, LocalAction] = field(default_factory=dict)
-    group: list[LocalStep | RemoteStep] | None = None  # the members of ``with parallel()``
+    group: list[Member] | None = None  # the members of ``with parallel()``
 
 
 class SagaHost(Protocol):
@@ -282,12 +283,14 @@ class Saga(Generic[D]):
         transaction); the saga goes on when all have answered. If one fails, the members
         that succeeded and the steps before the group are compensated, latest first; a
         member still out then is compensated if its success comes later. Members are local
-        or remote steps with their own options (deadlines, ``on_dead_letter``); a member
-        may not be the pivot, and a group may not come after the pivot. See docs/sagas.md.
+        or remote steps with their own options (deadlines, ``on_dead_letter``), or fan-outs
+        (``for_each``: its first items leave with the other members, and the group waits for
+        every item); a member may not be the pivot, and a group may not come after the
+        pivot. See docs/sagas.md.
         """
         if self._draft.group is not None:
             raise ConfigurationError(f"parallel group {name!r}: groups do not nest")
-        members: list[LocalStep | RemoteStep] = []
+        members: list[Member] = []
         self._draft.group = members
         try:
             yield
@@ -324,15 +327,12 @@ class Saga(Generic[D]):
         while the step runs. ``on_reply(data, item, reply)`` gathers each result into the
         data. When an item fails, no further item is sent; once those still out answered,
         the items that took effect are compensated (latest first), then the steps before.
-        ``retry`` applies to the compensations. A fan-out may not come after the pivot, nor
-        sit in a parallel group. See docs/sagas.md, "For each item".
+        ``retry`` applies to the compensations. A fan-out may not come after the pivot. In a
+        ``with saga.parallel(...)`` block it is a member of the group: an item that fails
+        fails the group at once, and an item still out then is undone if its success comes
+        later. See docs/sagas.md, "For each item".
         """
-        if self._draft.group is not None:
-            raise ConfigurationError(
-                f"fan-out {name!r} cannot be a member of a parallel group: declare it "
-                "before or after the `with saga.parallel(...)` block"
-            )
-        self.steps.append(
+        self._add(
             ForEach(
                 name=name,
                 items=items,
@@ -349,7 +349,7 @@ class Saga(Generic[D]):
             )
         )
 
-    def _add(self, step: LocalStep | RemoteStep) -> None:
+    def _add(self, step: Member) -> None:
         """A declared step: the saga's next one, or a member of the group being declared."""
         (self.steps if self._draft.group is None else self._draft.group).append(step)
 

@@ -1,7 +1,7 @@
 """Whether an event still applies to a saga, decided from its record alone.
 
-A saga waits for one message at a time (``pending_message_id``), or, at a parallel group,
-for each member's (the group's state lists them). A reply, retry
+A saga waits for one message at a time (``pending_message_id``), or, at a parallel group
+or a fan-out, for several (the step's state lists them). A reply, retry
 timer, wait timeout or deadline that is not about that message came too late (a
 duplicate, an answer to an earlier attempt, a timer that lost a race): it must
 change nothing. The orchestrator asks these questions before it builds a
@@ -21,11 +21,17 @@ from saga.messaging.envelope import COMPENSATES_HEADER, Envelope
 
 def awaits(record: SagaRecord, message_id: UUID | None) -> bool:
     """True when the saga waits for ``message_id``: its pending request or timer, or one of
-    the messages its step awaits at once (``awaits`` in the step's state: a group's members)."""
+    the messages its step awaits at once (``awaits`` in the step's state: a group's members,
+    a fan-out's items or their compensations; or in a member's entry under ``members``: a
+    fan-out member of a group undoing its items)."""
     if message_id is None:
         return False
-    return record.pending_message_id == message_id or str(message_id) in record.step_state.get(
-        "awaits", ()
+    message = str(message_id)
+    state = record.step_state
+    return (
+        record.pending_message_id == message_id
+        or message in state.get("awaits", ())
+        or any(message in entry.get("awaits", ()) for entry in state.get("members", {}).values())
     )
 
 

@@ -12,10 +12,12 @@ from uuid import UUID
 
 
 class SagaStatus(StrEnum):
-    """Where a saga stands. Completed and compensated are final; the last three need an operator.
+    """Where a saga stands. Completed is final, and so is compensated but for a step that
+    succeeds late and must be undone; the last three need an operator.
 
     running -> completed
     running -> compensating -> compensated
+    compensated -> compensating           (a step succeeded late: its compensation is out)
     compensating -> compensation_failed   (a compensation kept failing: operator)
     running -> forward_failed             (a step after the pivot kept failing: operator)
     running -> step_dead_lettered         (a held step's command is a dead letter: operator
@@ -56,11 +58,20 @@ def data_fingerprint(data: dict[str, Any]) -> str:
 
 def waiting_on(step: str | None, step_state: dict[str, Any]) -> list[str]:
     """The steps a saga at ``step`` waits on: a parallel group's members still out (their
-    messages still awaited, in the order they were sent), else the step itself."""
+    messages still awaited, in the order they were sent; a fan-out member once), else the
+    step itself. A group that failed may keep a fan-out member's items still out under
+    ``members`` while a fan-out before it awaits its own compensations: none of those is a
+    member's, and the saga waits on that fan-out."""
     members = step_state.get("members")
-    if members:
-        member_of = {entry["message"]: name for name, entry in members.items()}
-        return [member_of[m] for m in step_state.get("awaits", ()) if m in member_of]
+    if members and "awaits" in step_state:
+        member_of = {
+            message: name
+            for name, entry in members.items()
+            for message in ([entry["message"]] if "message" in entry else entry.get("awaits", ()))
+        }
+        out = [member_of[m] for m in step_state["awaits"] if m in member_of]
+        if out:
+            return list(dict.fromkeys(out))
     return [step] if step else []
 
 

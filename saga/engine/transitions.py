@@ -177,13 +177,18 @@ class Transition:
             self.record.status = SagaStatus.RUNNING
 
     def undo_late_success(self, step_name: str, reply: BaseModel) -> bool:
-        """A success for a step the saga already compensated past: send its compensation.
+        """A success for a step the saga already compensated past: undo it.
 
-        Happens when a command ran after the saga gave up on it (a slow redelivery, a
-        replay on a participant that keeps no closed-step record). The compensation is
-        sent under the step's usual compensation key, so it applies at most once.
-        Returns False when there is nothing to undo (the step is still to be
-        compensated in order, it has no compensation, or the saga did not compensate).
+        Happens when a command ran after the saga gave up on it (a parallel group's member
+        still out when a sibling failed, a slow redelivery, a replay on a participant that
+        keeps no closed-step record). The step is undone as any compensated step is, its
+        compensation awaited, retried under its retry policy and given up on for an
+        operator: a compensation sent and forgotten could fail unseen and leave the effect
+        in place. Whether the step is still to be compensated in order is the step's to
+        say: a fan-out there takes a late item's success into the items it will undo.
+        Returns True when the saga changed and must be written: the step is to be undone
+        again, or took the reply in (its late success logged); False when there is nothing
+        to undo (it has no compensation, or the saga did not compensate).
         """
         record = self.record
         compensated_states = (
@@ -191,10 +196,27 @@ class Transition:
             SagaStatus.COMPENSATED,
             SagaStatus.COMPENSATION_FAILED,
         )
-        if record.status not in compensated_states or step_name in record.completed_steps:
+        if record.status not in compensated_states:
             return False
         step = self.saga.find(step_name)
-        return step is not None and step.undo_late(self, reply)
+        if step is None:
+            return False
+        if step.undo_late(self, reply):
+            self._undo_late(step)
+        return bool(self.log)
+
+    def _undo_late(self, step: StepKind) -> None:
+        """Put ``step`` back among the steps to undo. A saga still undoing steps (or stopped
+        at one's failed compensation) undoes it right after that one, whose compensation may
+        be out; a compensated saga compensates again, for this step alone, and is
+        compensated once it is undone."""
+        completed = self.record.completed_steps
+        if completed:
+            completed.insert(len(completed) - 1, step.name)
+            return
+        self.record.status = SagaStatus.COMPENSATING
+        completed.append(step.name)
+        self._compensate_next(attempt=1)
 
     # -- moving forward ------------------------------------------------------
 

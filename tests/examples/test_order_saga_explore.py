@@ -18,7 +18,7 @@ import pytest
 from saga import HandlerContext, Service, StepFailed, Tx
 from saga.examples.order_saga import customers, inventory, messages
 from saga.examples.order_saga.messages import CardCharged, ChargeCard, RefundCharge, ReleaseCredit
-from saga.examples.order_saga.orders import OrderData, create_order, registry
+from saga.examples.order_saga.orders import OrderData, OrderLine, create_order, registry
 from saga.testing import Fail, SagaHarness
 
 SCHEMA = sorted((Path(customers.__file__).parent / "schema").glob("*.sql"))
@@ -99,7 +99,8 @@ def test_explore_finds_a_compensation_that_refuses_to_undo_nothing(saga_harness)
 
 def replayed(test_source: str) -> Callable[[SagaHarness], None]:
     """The test explore printed, defined as the user would paste it into this module."""
-    namespace = {**globals(), **vars(messages), "StepFailed": StepFailed, "Fail": Fail}
+    namespace = {**globals(), **vars(messages), "StepFailed": StepFailed, "Fail": Fail,
+                 "OrderLine": OrderLine}  # fmt: skip
     exec(test_source, namespace)
     test: Callable[[SagaHarness], None] = namespace["test_explored_schedule"]
     return test

@@ -23,7 +23,7 @@ from saga.examples.order_saga.messages import (
     ReserveStock,
     ScheduleShipment,
 )
-from saga.examples.order_saga.orders import OrderData, create_order, registry
+from saga.examples.order_saga.orders import OrderData, OrderLine, create_order, registry
 from saga.testing import SagaHarness
 
 SCHEMA = sorted((Path(customers.__file__).parent / "schema").glob("*.sql"))
@@ -33,7 +33,7 @@ SCHEMA = sorted((Path(customers.__file__).parent / "schema").glob("*.sql"))
 def h(saga_harness) -> SagaHarness:
     harness = saga_harness(registry, services=[inventory.service, customers.service], schema=SCHEMA)
     with harness.transaction() as tx:
-        tx.execute("INSERT INTO stock VALUES ('sku-1', 10, 10)")
+        tx.execute("INSERT INTO stock VALUES ('sku-1', 10, 10), ('sku-2', 5, 5)")
         tx.execute("INSERT INTO credit VALUES ('c1', 1000, 1000)")
     return harness
 
@@ -51,17 +51,42 @@ def test_an_order_completes(h: SagaHarness) -> None:
     h.run_until_idle()
 
     assert h.status(saga_id) == "completed"
-    data = h.data(saga_id)
     h.assert_consumed(
         "inventory",
         ReserveStock(order_id="o1", sku="sku-1", quantity=2),
-        ScheduleShipment(order_id="o1", stock_reservation_id=data.stock_reservation_id,
-                         region="eu"),
-    )  # fmt: skip
+        ScheduleShipment(order_id="o1", region="eu"),  # ships every line's reservation
+    )
     h.assert_consumed("customers", ReserveCredit(order_id="o1", customer_id="c1",
                                                  amount_cents=500))  # fmt: skip
     assert h.rows("SELECT status FROM orders") == [("approved",)]
-    assert h.rows("SELECT available FROM stock") == [(8,)]
+    assert h.rows("SELECT available FROM stock WHERE sku = 'sku-1'") == [(8,)]
+
+
+def lines(*lines: tuple[str, int]) -> OrderData:
+    return order(sku=None, quantity=None, lines=[OrderLine(sku=k, quantity=q) for k, q in lines])
+
+
+def test_an_order_of_two_lines_ships_both(h: SagaHarness) -> None:
+    h.on("payments", ChargeCard, CardCharged(charge_id="ch-1"))
+    saga_id = h.start(create_order, lines(("sku-1", 2), ("sku-2", 5)))
+    h.run_until_idle()
+
+    assert h.status(saga_id) == "completed"
+    assert h.rows("SELECT sku, available FROM stock ORDER BY sku") == [("sku-1", 8), ("sku-2", 0)]
+    assert h.rows("SELECT sku, status FROM stock_reservations ORDER BY sku") == [
+        ("sku-1", "shipped"),
+        ("sku-2", "shipped"),
+    ]
+
+
+def test_a_line_out_of_stock_puts_the_other_lines_back(h: SagaHarness) -> None:
+    saga_id = h.start(create_order, lines(("sku-1", 2), ("sku-2", 6), ("sku-1", 1)))
+    h.run_until_idle()
+
+    assert h.status(saga_id) == "compensated"
+    assert h.rows("SELECT sku, available FROM stock ORDER BY sku") == [("sku-1", 10), ("sku-2", 5)]
+    assert h.rows("SELECT DISTINCT status FROM stock_reservations") in ([], [("released",)])
+    assert h.rows("SELECT available FROM credit") == [(1000,)]
 
 
 def test_no_stock_rejects_the_order(h: SagaHarness) -> None:
@@ -70,13 +95,13 @@ def test_no_stock_rejects_the_order(h: SagaHarness) -> None:
 
     assert h.status(saga_id) == "compensated"
     # credit is reserved at the same time as stock; it answers after the saga compensated
-    # (stock answered first), so its late success is undone and the release's answer ignored
+    # (stock answered first), so its late success is undone, the release awaited
     assert h.steps(saga_id) == [
         "create_pending_order succeeded",
-        "reserve_stock failed",
+        "reserve_lines failed",
         "create_pending_order compensation succeeded",
         "reserve_credit late_success",
-        "reserve_credit ignored",
+        "reserve_credit compensation succeeded",
     ]
     h.assert_sent("customers", ReserveCredit, ReleaseCredit(order_id="o1"))
     assert h.rows("SELECT available FROM credit") == [(1000,)]
@@ -91,7 +116,7 @@ def test_no_credit_releases_the_stock(h: SagaHarness) -> None:
     h.assert_sent("customers", ReserveCredit(order_id="o1", customer_id="c1", amount_cents=5000))
     h.assert_sent("inventory", ReserveStock(order_id="o1", sku="sku-1", quantity=2),
                   ReleaseStock(order_id="o1"))  # fmt: skip
-    assert h.rows("SELECT available FROM stock") == [(10,)]
+    assert h.rows("SELECT available FROM stock WHERE sku = 'sku-1'") == [(10,)]
 
 
 def test_a_declined_card_releases_credit_and_stock(h: SagaHarness) -> None:
@@ -125,7 +150,7 @@ def test_a_compensation_that_fails_is_retried_later(h: SagaHarness) -> None:
 
     h.advance(timedelta(seconds=2))
     assert h.status(saga_id) == "compensated"
-    assert h.rows("SELECT available FROM stock") == [(10,)]
+    assert h.rows("SELECT available FROM stock WHERE sku = 'sku-1'") == [(10,)]
 
 
 def test_a_cancelled_order_compensates_once_the_charge_answers(h: SagaHarness) -> None:

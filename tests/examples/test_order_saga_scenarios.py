@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from saga import StepFailed
+from saga import Saga, StepFailed
 from saga.examples.order_saga.messages import (
     CardCharged,
     ChargeCard,
@@ -29,7 +29,14 @@ from saga.examples.order_saga.messages import (
     ShipmentScheduled,
     StockReserved,
 )  # fmt: skip
-from saga.examples.order_saga.orders import OrderData, create_order
+from saga.examples.order_saga.orders import (
+    OrderData,
+    OrderLine,
+    create_order,
+    create_order_v1,
+    create_order_v2,
+)
+from saga.messaging.envelope import COMPENSATES_HEADER
 from saga.testing import Fail, PayloadMismatch, SagaScenario
 
 #: The order saga's local steps only write the order row: here they do nothing.
@@ -49,13 +56,12 @@ def test_an_order_completes_step_by_step() -> None:
     s.expect_command("customers", ReserveCredit(order_id="o1", customer_id="c1", amount_cents=500)
                      ).reply(CreditReserved(reservation_id="cr-1"))  # fmt: skip
     s.expect_command("payments", ChargeCard).reply(CardCharged(charge_id="ch-1"))
-    shipment = ScheduleShipment(order_id="o1", stock_reservation_id="st-1", region="eu")
+    shipment = ScheduleShipment(order_id="o1", region="eu")  # every line's reservation
     s.expect_command("inventory", shipment).reply(ShipmentScheduled(shipment_id="sh-1"))
     s.run_until_idle()
 
     assert s.status == "completed"
-    assert s.data == order(stock_reservation_id="st-1", credit_reservation_id="cr-1",
-                           charge_id="ch-1", shipment_id="sh-1")  # fmt: skip
+    assert s.data == order(credit_reservation_id="cr-1", charge_id="ch-1", shipment_id="sh-1")
     assert s.local_calls == ["create_pending_order", "approve_order"]
 
 
@@ -68,7 +74,7 @@ def test_no_credit_releases_the_stock_and_rejects_the_order() -> None:
 
     assert s.status == "compensated"
     assert s.local_calls == ["create_pending_order", "reject_order"]
-    assert s.steps[-2:] == ["reserve_stock compensation succeeded",
+    assert s.steps[-2:] == ["reserve_lines compensation succeeded",
                             "create_pending_order compensation succeeded"]  # fmt: skip
 
 
@@ -83,7 +89,9 @@ ANSWERS = [
 @pytest.mark.parametrize(
     ("refused", "undone"),
     [
-        (ReserveStock, []),
+        # the credit, reserved beside the stock, is released (its late success's release
+        # is awaited like any compensation)
+        (ReserveStock, [("customers", ReleaseCredit)]),
         (ReserveCredit, [("inventory", ReleaseStock)]),
         (ChargeCard, [("customers", ReleaseCredit), ("inventory", ReleaseStock)]),
     ],
@@ -149,6 +157,78 @@ def test_a_wrong_command_shows_both_payloads() -> None:
     s = SagaScenario(create_order, order(quantity=3), local_steps=NO_ORDER_ROW)
     with pytest.raises(PayloadMismatch, match=r"quantity +2 +3 +<-- differs"):
         s.expect_command("inventory", ReserveStock(order_id="o1", sku="sku-1", quantity=2))
+
+
+def lines(*lines: tuple[str, int]) -> OrderData:
+    return order(sku=None, quantity=None, lines=[OrderLine(sku=k, quantity=q) for k, q in lines])
+
+
+def test_each_line_is_reserved_with_the_credit_at_once_and_the_shipment_takes_them_all() -> None:
+    s = SagaScenario(create_order, lines(("a", 1), ("b", 2), ("c", 3)), local_steps=NO_ORDER_ROW)
+    assert [m.payload["sku"] for m in s.sent_to("inventory")] == ["a", "b", "c"]
+    assert len(s.sent_to("customers")) == 1  # in the same transition as the lines
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="b", quantity=2)
+                     ).reply(StockReserved(reservation_id="st-b"))  # fmt: skip
+    s.expect_command("customers", ReserveCredit).reply(CreditReserved(reservation_id="cr-1"))
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="c", quantity=3)
+                     ).reply(StockReserved(reservation_id="st-c"))  # fmt: skip
+    s.run_until_idle()
+    assert s.sent_to("payments") == []  # line a is still out
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="a", quantity=1)
+                     ).reply(StockReserved(reservation_id="st-a"))  # fmt: skip
+    s.expect_command("payments", ChargeCard).reply(CardCharged(charge_id="ch-1"))
+    s.expect_command("inventory", ScheduleShipment(order_id="o1", region="eu")).reply(
+        ShipmentScheduled(shipment_id="sh-1")
+    )
+    s.run_until_idle()
+    assert s.status == "completed"
+
+
+def test_a_line_out_of_stock_releases_the_lines_reserved_and_the_credit() -> None:
+    s = SagaScenario(create_order, lines(("a", 1), ("rare", 1), ("c", 1)), local_steps=NO_ORDER_ROW)
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="a", quantity=1)
+                     ).reply(StockReserved(reservation_id="st-a"))  # fmt: skip
+    s.expect_command("customers", ReserveCredit).reply(CreditReserved(reservation_id="cr-1"))
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="rare", quantity=1)
+                     ).fail("not enough rare in stock")  # fmt: skip
+    s.expect_command("customers", ReleaseCredit(order_id="o1")).reply()
+    s.expect_command("inventory", ReleaseStock(order_id="o1")).reply()  # line a's
+    s.run_until_idle()
+    assert s.status == "compensated"  # line c was still out: no longer waited for
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="c", quantity=1)
+                     ).reply(StockReserved(reservation_id="st-c"))  # fmt: skip
+    s.run_until_idle()
+    releases = [m for m in s.sent_to("inventory") if m.type.endswith("ReleaseStock")]
+    keys = [m.envelope.headers[COMPENSATES_HEADER].rsplit(":", 2)[1:] for m in releases]
+    assert keys == [["0", "a"], ["2", "c"]]  # c's late success undone, under its own key
+    assert s.local_calls == ["create_pending_order", "reject_order"]
+
+
+def test_an_order_gives_its_lines_or_its_one_sku_and_the_two_agree() -> None:
+    single = order()
+    assert single.lines == [OrderLine(sku="sku-1", quantity=2)]
+    assert lines(("a", 4)).sku == "a" and lines(("a", 4)).quantity == 4
+    assert lines(("a", 1), ("b", 1)).sku is None
+    with pytest.raises(ValueError, match="not both"):
+        order(lines=[OrderLine(sku="other", quantity=1)])
+    with pytest.raises(ValueError, match="needs lines, or a sku and a quantity"):
+        order(sku=None)
+
+
+@pytest.mark.parametrize("saga", [create_order_v1, create_order_v2], ids=["v1", "v2"])
+def test_versions_1_and_2_still_finish_a_saga_begun_before_orders_had_lines(
+    saga: Saga[OrderData],
+) -> None:
+    begun = order().model_dump(exclude={"lines"})  # as such a saga's record holds its data
+    s = SagaScenario(saga, OrderData.model_validate(begun), local_steps=NO_ORDER_ROW)
+    s.expect_command("inventory", ReserveStock(order_id="o1", sku="sku-1", quantity=2)
+                     ).reply(StockReserved(reservation_id="st-1"))  # fmt: skip
+    s.expect_command("customers", ReserveCredit).reply(CreditReserved(reservation_id="cr-1"))
+    s.expect_command("payments", ChargeCard).reply(CardCharged(charge_id="ch-1"))
+    shipment = ScheduleShipment(order_id="o1", stock_reservation_id="st-1", region="eu")
+    s.expect_command("inventory", shipment).reply(ShipmentScheduled(shipment_id="sh-1"))
+    s.run_until_idle()
+    assert s.status == "completed"
 
 
 def test_the_scenarios_open_no_connection_and_never_sleep(monkeypatch: pytest.MonkeyPatch) -> None:

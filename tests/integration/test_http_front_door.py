@@ -157,3 +157,28 @@ def test_front_door_orders_run_to_the_end(order_system: Cluster, rabbit: TestBro
     assert counts == {"completed": len(orders)}
     shown = asyncio.run(show())
     assert [(o["status"], o["saga_status"]) for o in shown] == [("approved", "completed")] * 3
+
+
+def test_an_order_gives_its_lines_or_its_one_sku_and_a_muddled_one_is_refused(
+    orders_db: TestDatabase,
+) -> None:
+    single = {k: v for k, v in new_order(1).items() if k not in ("sku", "quantity")}
+    lines = [{"sku": "sku-1", "quantity": 2}, {"sku": "sku-2", "quantity": 1}]
+
+    async def place(*bodies: dict[str, Any]) -> list[httpx.Response]:
+        async with front_door(orders_db.url) as client:
+            return [await client.post("/orders", json=body) for body in bodies]
+
+    placed, muddled, empty = asyncio.run(
+        place(
+            {**single, "lines": lines},
+            {**new_order(2), "lines": lines},  # lines and a sku that is not them
+            {**single, "order_id": "o-003"},  # neither
+        )
+    )
+    assert placed.status_code == 201
+    data = orders_db.scalar("SELECT data FROM saga.saga_instances WHERE idempotency_key = 'o-001'")
+    assert data["lines"] == lines and data["sku"] is None
+    assert (muddled.status_code, empty.status_code) == (422, 422)
+    assert "not both" in muddled.text and "needs lines" in empty.text
+    assert [o for o, _, _ in committed(orders_db)] == ["o-001"]  # nothing else was written

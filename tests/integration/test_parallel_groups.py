@@ -1,6 +1,7 @@
 """A parallel group on real PostgreSQL, over RabbitMQ and the PostgreSQL broker: members
 answered in whatever order the participants manage, the saga completing when all have, and
-a failed member compensating what its siblings and the steps before did, once each."""
+a failed member compensating what its siblings and the steps before did, once each, and a
+member answering after that compensated too, its compensation retried until it succeeds."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel
 
-from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
+from saga import (
+    HandlerContext,
+    RetryPolicy,
+    Saga,
+    SagaRegistry,
+    Service,
+    StepFailed,
+    StepRetry,
+    Tx,
+)
 from saga.engine.state import waiting_on
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
@@ -25,11 +35,14 @@ class Order(BaseModel):
     order_id: str
     credit_fails: bool = False
     credit_breaks: bool = False
+    stock_late: bool = False  # the stock reservation answers once the saga compensated
+    release_refusals: int = 0  # how many times the stock's release is refused first
     stock_ref: str | None = None
 
 
 class ReserveStock(BaseModel):
     order_id: str
+    stock_late: bool = False
 
 
 class StockReserved(BaseModel):
@@ -38,6 +51,7 @@ class StockReserved(BaseModel):
 
 class ReleaseStock(BaseModel):
     order_id: str
+    release_refusals: int = 0
 
 
 class ReserveCredit(BaseModel):
@@ -75,6 +89,7 @@ with order.parallel("reserve"):
         reply=StockReserved,
         on_reply=lambda d, r: d.model_copy(update={"stock_ref": r.reference}),
         compensate=ReleaseStock,
+        retry=StepRetry(attempts=2, initial_delay=0.2),  # its release: tried twice, 0.2 s apart
     )
     order.remote(
         "reserve_credit", service="stores", command=ReserveCredit, compensate=ReleaseCredit
@@ -91,16 +106,28 @@ FAST = RetryPolicy(immediate_attempts=2, immediate_initial_wait=0.0, delays=(0.0
 registry = SagaRegistry("parallel_orders", retry=FAST)
 registry.register(order)
 stores = Service("stores", retry=FAST)
+#: Retried every 0.1 s for up to 30 s: a reservation that waits for the saga to give up on it.
+PATIENT = RetryPolicy(immediate_attempts=1, delays=(0.1,) * 300, delay_jitter=0.0)
+#: The stock releases refused so far, per saga.
+refused_releases: Counter[UUID | None] = Counter()
 
 
-@stores.handler(ReserveStock)
+@stores.handler(ReserveStock, retry=PATIENT)
 def reserve_stock(tx: Tx, cmd: ReserveStock, ctx: HandlerContext) -> StockReserved:
+    if cmd.stock_late:
+        query = "SELECT status FROM saga.saga_instances WHERE id = %s"
+        row = tx.execute(query, (ctx.saga_id,)).fetchone()
+        if row is None or row[0] != "compensated":
+            raise RuntimeError("the stock service is slow")  # retried until it is late
     record_effect(tx, "stock", cmd.order_id)
     return StockReserved(reference=f"s-{cmd.order_id}")
 
 
 @stores.handler(ReleaseStock)
 def release_stock(tx: Tx, cmd: ReleaseStock, ctx: HandlerContext) -> None:
+    if refused_releases[ctx.saga_id] < cmd.release_refusals:
+        refused_releases[ctx.saga_id] += 1
+        raise StepFailed("the stock ledger is down")
     record_effect(tx, "release_stock", cmd.order_id)
 
 
@@ -148,6 +175,11 @@ def effects(db: TestDatabase) -> Counter[str]:
     return Counter(r[0] for r in db.rows("SELECT kind FROM public.effects"))
 
 
+def timeline(db: TestDatabase, saga_id: UUID) -> list[tuple[str, str, str]]:
+    query = "SELECT step, phase, outcome FROM saga.saga_steps WHERE saga_id = %s ORDER BY id"
+    return [(r[0], r[1], r[2]) for r in db.rows(query, (saga_id,))]
+
+
 def test_the_group_completes_once_every_member_answered(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
@@ -173,6 +205,46 @@ def test_a_failed_member_undoes_its_siblings_and_the_steps_before_once_each(
         # the stock reservation may answer after the failure: its late success is undone
         wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
     assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)
+
+
+def test_a_member_answering_after_the_saga_compensated_is_undone_its_release_retried(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    data = Order(order_id="o9", credit_fails=True, stock_late=True, release_refusals=1)
+    undone = ("reserve_stock", "compensation", "succeeded")
+    with saga_system_running(db, shared_event_broker, registry, stores):
+        saga_id = start(db, data)
+        wait_until(lambda: undone in timeline(db, saga_id), timeout=30, what="stock released")
+    assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)
+    assert timeline(db, saga_id)[-3:] == [
+        ("reserve_stock", "forward", "late_success"),
+        ("reserve_stock", "compensation", "failed"),
+        undone,
+    ]
+    status = db.scalar("SELECT status FROM saga.saga_instances WHERE id = %s", (saga_id,))
+    assert status == "compensated"
+
+
+def test_a_late_members_release_refused_until_its_retries_are_spent_waits_for_a_resume(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    data = Order(order_id="o10", credit_fails=True, stock_late=True, release_refusals=2)
+    with saga_system_running(db, shared_event_broker, registry, stores):
+        saga_id = start(db, data)
+        settled(db, saga_id, "compensation_failed")
+        listed = saga_cli(db.url, "list", "--status", "compensation_failed", "--json")
+        [stopped] = json.loads(listed.stdout)
+        assert (stopped["id"], stopped["step"]) == (str(saga_id), "reserve_stock")
+        assert stopped["last_error"] == "reserve_stock: the stock ledger is down"
+        assert effects(db)["release_stock"] == 0
+
+        resumed = saga_cli(db.url, "resume", str(saga_id), "--reason", "ledger back")
+        assert resumed.returncode == 0, resumed.stderr
+        settled(db, saga_id, "compensated")
+    assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)
+    assert [outcome for step, phase, outcome in timeline(db, saga_id)[-4:]] == [
+        "late_success", "failed", "failed", "succeeded"
+    ]  # fmt: skip
 
 
 def test_saga_list_and_stats_name_every_member_still_out(db: TestDatabase) -> None:

@@ -13,14 +13,14 @@ from tests.rig.stuck_sagas import describe_stuck
 def test_a_stuck_saga_is_described_by_the_traces_of_the_message_it_awaits(
     order_system: Cluster,
 ) -> None:
-    orders = workload.make_orders(2, workload.FailureRates(0, 0, 0, 0))
+    orders = workload.make_orders(2, workload.FailureRates(0, 0, 0, 0), max_lines=1)
     workload.submit(order_system, orders)  # nothing runs: each waits on its first command
     *lines, queues = describe_stuck(order_system)
     assert len(lines) == 2
     assert queues.startswith("messages ready in the queues: {")
     assert all(
         "running at reserve" in line
-        and "(reserve_stock, reserve_credit)" in line  # both members of the group are out
+        and "(reserve_lines, reserve_credit)" in line  # both members of the group are out
         and "handled by no inbox" in line
         and "outbox rows {'orders': 2}" in line
         and "dead letters none" in line

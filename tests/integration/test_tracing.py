@@ -26,13 +26,13 @@ from tests.support.wait import wait_until
 
 EXPORTER = InMemorySpanExporter()
 
-#: (span name, saga.step): the saga's start, then the stock and credit reservations at once,
-#: each a branch of the start span: its command handled, then its reply.
+#: (span name, saga.step): the saga's start, then the stock (an order of one line) and credit
+#: reservations at once, each a branch of the start span: its command handled, then its reply.
 START = ("saga create_order start", None)
 BRANCHES = {
-    "reserve_stock": [
-        ("inventory handle ReserveStock", "reserve_stock"),
-        ("orders handle StockReserved", "reserve_stock"),
+    "reserve_lines": [
+        ("inventory handle ReserveStock", "reserve_lines"),
+        ("orders handle StockReserved", "reserve_lines"),
     ],
     "reserve_credit": [
         ("customers handle ReserveCredit", "reserve_credit"),
@@ -48,9 +48,9 @@ COMPLETED = [
     ("orders handle ShipmentScheduled", "schedule_shipment"),
 ]
 RELEASES = {
-    "reserve_stock": [
-        ("inventory handle ReleaseStock", "reserve_stock"),
-        ("orders handle saga.Ack", "reserve_stock"),
+    "reserve_lines": [
+        ("inventory handle ReleaseStock", "reserve_lines"),
+        ("orders handle saga.Ack", "reserve_lines"),
     ],
     "reserve_credit": [
         ("customers handle ReleaseCredit", "reserve_credit"),
@@ -99,7 +99,8 @@ def test_a_saga_is_one_trace_of_attributed_spans(
     running: Cluster, payment_failure: float, status: str
 ) -> None:
     EXPORTER.clear()
-    (order,) = workload.make_orders(1, workload.FailureRates(0, 0, payment_failure, 0))
+    rates = workload.FailureRates(0, 0, payment_failure, 0)
+    (order,) = workload.make_orders(1, rates, max_lines=1)
     with running.connect("orders") as conn:
         saga_id = create_order.start(conn, order, idempotency_key=order.order_id)
     wait_until(lambda: _status(running, saga_id) == status, 60, what=f"saga {status}")

@@ -21,8 +21,10 @@ from saga.examples.order_saga.cluster import SERVICES, Cluster
 from saga.examples.order_saga.orders import registry
 
 #: Remote step -> (service, table holding one row per applied command, keyed by idempotency key).
+#: A fan-out's items are keyed ``<saga>:<step>:<position>:<sku>``, and count for their step.
 EFFECTS = {
     "reserve_stock": ("inventory", "stock_reservations"),
+    "reserve_lines": ("inventory", "stock_reservations"),
     "reserve_credit": ("customers", "credit_reservations"),
     "charge_payment": ("payments", "charges"),
     "schedule_shipment": ("inventory", "shipments"),
@@ -41,8 +43,10 @@ def classify(system: Cluster, report: invariants.Report) -> None:
 
     An effect is expected when its step succeeded, when the saga compensated the step
     (a step whose outcome was unknown is compensated too, and may have had its effect), or
-    when it succeeded after the saga had compensated past it (a parallel group's member
-    still out when a sibling failed: the late success is logged and undone).
+    when it succeeded after the saga had compensated past it (a parallel group's member,
+    or a fan-out member's item, still out when a sibling failed: the late success is logged
+    and undone). A fan-out's items count for their step: each applied once, the step
+    delivered when its items are.
     """
     logged: dict[str, set[str]] = defaultdict(set)
     for saga_id, step, phase, outcome in invariants.rows(
@@ -59,14 +63,12 @@ def classify(system: Cluster, report: invariants.Report) -> None:
         query = f"SELECT id, count(*) FROM {table} GROUP BY id"
         for key, count in invariants.rows(system, service, query):
             applied[key] += count
-    delivered = sum(1 for key in succeeded if applied[key] == 1)
-    lost = [key for key in succeeded if applied[key] == 0]
+    steps_applied = {_step_key(key) for key in applied}
+    delivered = sum(1 for key in succeeded if key in steps_applied)
+    lost = [key for key in succeeded if key not in steps_applied]
     duplicated = [key for key, count in applied.items() if count > 1]
-    unexpected = [
-        key
-        for key in applied
-        if key not in succeeded | logged["compensation"] | logged["late_success"]
-    ]
+    expected = succeeded | logged["compensation"] | logged["late_success"]
+    unexpected = [key for key in applied if _step_key(key) not in expected]
     running = {
         str(r[0])
         for r in invariants.rows(
@@ -88,6 +90,11 @@ def classify(system: Cluster, report: invariants.Report) -> None:
         report.violations.append(f"{len(duplicated)} effects applied twice, e.g. {duplicated[:3]}")
     if unexpected:
         report.violations.append(f"{len(unexpected)} unexpected effects, e.g. {unexpected[:3]}")
+
+
+def _step_key(key: str) -> str:
+    """The step key (``<saga>:<step>``) an effect's idempotency key belongs to."""
+    return ":".join(key.split(":", 2)[:2])
 
 
 def step_order(system: Cluster, report: invariants.Report) -> None:

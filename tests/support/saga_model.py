@@ -73,7 +73,8 @@ class Reference:
 
     A step takes effect when it succeeds; a remote step whose outcome is unknown (its
     command was dead-lettered or purged, or its deadline passed) may have, and is
-    undone like one that succeeded when the saga compensates.
+    undone like one that succeeded when the saga compensates; one that succeeds after the
+    saga compensated past it is undone late (:meth:`late_effect`).
     """
 
     compensable: set[str]
@@ -92,6 +93,13 @@ class Reference:
         assert step not in self.took_effect, f"{step} took effect twice"
         self.took_effect.append(step)
         self.pivot_passed = self.pivot_passed or (certain and step == self.pivot)
+
+    def late_effect(self, step: str) -> None:
+        """``step`` took effect after the saga compensated past it: it is undone right after
+        the step being undone now (or that stopped the saga), or next when none is."""
+        current = self.next_to_undo()
+        at = self.took_effect.index(current) if current is not None else len(self.took_effect)
+        self.took_effect.insert(at, step)
 
     def compensating(self, step: str) -> None:
         assert not self.pivot_passed, f"{step} compensated after the pivot {self.pivot} completed"

@@ -343,18 +343,13 @@ def test_registration_mistakes_are_named(declare: dict[str, object], problem: st
         saga.validate()
 
 
-def test_a_fan_out_after_the_pivot_or_inside_a_group_is_refused() -> None:
+def test_a_fan_out_after_the_pivot_is_refused() -> None:
     saga = Saga("order", data=Order)
     saga.remote("create", service="orders", command=CreateOrder, pivot=True)
     saga.for_each("fan", items=lambda d: d.lines, service="stock",
                   command=lambda d, line: ReserveLine(sku=line.sku, qty=1))  # fmt: skip
     with pytest.raises(ConfigurationError, match="'fan' comes after the pivot 'create'"):
         saga.validate()
-    grouped = Saga("order", data=Order)
-    refused = pytest.raises(ConfigurationError, match="cannot be a member of a parallel group")
-    with refused, grouped.parallel("group"):
-        grouped.for_each("fan", items=lambda d: d.lines, service="stock",
-                         command=lambda d, line: ReserveLine(sku=line.sku, qty=1))  # fmt: skip
 
 
 def test_the_fingerprint_includes_the_fan_out_shape() -> None:

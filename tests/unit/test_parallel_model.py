@@ -3,14 +3,16 @@
 Hypothesis draws a saga with a parallel group (remote and local members, some compensated,
 some with deadlines, a local member that may fail), maybe a step before it and one after,
 then answers the saga's requests in any order (success, business failure, dead letter),
-answers some twice, fires deadlines, and resumes the saga (sending again what it waits
-for). The participant keeps the first outcome of each command (as its inbox would) and
-applies each compensation key once, counting them.
+answers some twice, fires deadlines and retry timers, and resumes the saga (sending again
+what it waits for). The participant keeps the first outcome of each command and
+compensation (as its inbox would) and applies each compensation key once, counting them;
+compensations fail too (business failures, dead letters), a late member's as well.
 
 After every event nothing is undone twice, and nothing is undone that did not take effect
 (or may have: a dead-lettered command, a deadline given up on). At the end a cooperative
-world answers everything still out; the saga must have completed (nothing undone) or
-compensated, with every step that took effect undone exactly once.
+world answers everything still out and an operator resumes a saga that gave up on a
+compensation; the saga must have completed (nothing undone) or compensated, with every
+step that took effect undone exactly once.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pydantic import BaseModel
 
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, RETRY
-from saga.engine.staleness import awaits_reply, deadline_applies, may_undo
+from saga.engine.staleness import awaits, awaits_reply, deadline_applies, may_undo
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed
@@ -189,6 +191,10 @@ class GroupMachine(RuleBasedStateMachine):
         """What ``request`` does or undoes, as the model counts it: its step."""
         return request.headers[STEP_HEADER]
 
+    def unit_of(self, step: str) -> str:
+        """What the model counts for step ``step`` (its requests' :meth:`unit`)."""
+        return step
+
     def check_undos(self) -> None:
         for request in self.requests:
             step = self.unit(request)
@@ -257,11 +263,12 @@ class GroupMachine(RuleBasedStateMachine):
         self.commit(run)
 
     def undoes(self, request: Envelope, outcome: str) -> str:
-        """What a compensation answers when drawn ``outcome``: here it always succeeds."""
-        return "ok"
+        """What a compensation answers when drawn ``outcome``: that outcome (the saga retries
+        it on its timers, or gives up until a resume), a late success's compensation too."""
+        return outcome
 
     def undo_failed(self, request: Envelope) -> None:
-        """A compensation failed (never here)."""
+        """A compensation failed (the fan-out model counts them)."""
 
     def outstanding(self) -> list[Envelope]:
         """Requests the participant has not answered yet."""
@@ -292,9 +299,23 @@ class GroupMachine(RuleBasedStateMachine):
         deadline = StepDeadline.model_validate(envelope.payload)
         if deadline_applies(self.record, deadline):
             if deadline.attempt >= 2 or self.shape_of(deadline.step).deadline == COMPENSATE:
-                self.in_doubt.add(deadline.step)  # given up on: it may have taken effect
+                self.in_doubt.add(self.unit_of(deadline.step))  # given up: it may have run
             run = self.transition(envelope)
             run.on_deadline(deadline)
+            self.commit(run)
+
+    @rule(data=st.data())
+    def timer_fires(self, data: st.DataObject) -> None:
+        if self.timers:
+            envelope = data.draw(st.sampled_from(self.timers))
+            self.fire(envelope)
+
+    def fire(self, envelope: Envelope) -> None:
+        """A retry timer comes back to the saga: it acts if the saga still awaits it."""
+        self.timers.remove(envelope)
+        if awaits(self.record, envelope.message_id):
+            run = self.transition(envelope)
+            run.on_timer(StepTimer.model_validate(envelope.payload))
             self.commit(run)
 
     @rule()
@@ -305,11 +326,18 @@ class GroupMachine(RuleBasedStateMachine):
             self.commit(run)
 
     def cooperate(self) -> bool:
-        """Answer every request still out with a success; False when none was."""
+        """Answer every request still out with a success, fire every timer, resume a saga
+        that gave up; False when there was nothing to do."""
         out = self.outstanding()
         for request in out:
             self.answer(request, "ok")
-        return bool(out)
+        acted = bool(out) or bool(self.timers)
+        for envelope in list(self.timers):
+            self.fire(envelope)
+        if self.record.status is SagaStatus.COMPENSATION_FAILED:
+            self.resume()
+            acted = True
+        return acted
 
     def shape_of(self, name: str) -> Member:
         return next(m for m in self.shape.members if m.name == name)

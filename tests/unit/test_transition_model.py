@@ -17,7 +17,8 @@ completed, compensated or waiting for an operator, and one with something pendin
 can still be moved on; compensations run in the reverse order in which steps took
 effect (as :class:`Reference` tracks it); nothing at or after a completed pivot
 is compensated; a cancelled saga never completes; a stale or duplicate reply
-changes nothing (but a late success is undone by the step's compensation); every
+changes nothing (but a late success is undone by the step's compensation, awaited, retried
+and given up on like any other, after the compensation under way); every
 request carries its step's idempotency key; a saga waiting for an event is keyed by its
 data, and never waits while an event for its key is kept. At the end a cooperative world
 answers whatever the saga waits for, and the saga must finish or stop for an
@@ -409,21 +410,20 @@ class SagaMachine(RuleBasedStateMachine):
             self.commit(run)
 
     def late_reply(self, reply: BaseModel, envelope: Envelope) -> None:
-        """A reply the saga does not wait for: nothing changes, but a late success is undone."""
+        """A reply the saga does not wait for: nothing changes, but a late success is undone,
+        its compensation awaited like any other (so the model's failures reach it too)."""
         before = _snapshot(self.record)
         step = envelope.headers[STEP_HEADER]
         if may_undo(reply, envelope):
             run = self.transition(envelope, [])
             if run.undo_late_success(step, reply):
-                result = run.result()
-                self.check_messages(result)
                 assert self.record.status in COMPENSATING
                 assert step not in self.reference.took_effect, f"{step} is still to undo in order"
-                [sent] = [m.envelope for m in result.outgoing]
-                assert sent.headers[COMPENSATES_HEADER] == f"{SAGA_ID}:{step}"
+                self.reference.late_effect(step)
+                result = self.commit(run)
                 assert not result.dead_letters
-                self.record = result.record
-                self.requests.append(sent)
+                assert step in self.record.completed_steps, f"{step} is not to be undone"
+                return
         assert _snapshot(self.record) == before, "a late reply changed the saga"
 
     def fire(self, envelope: Envelope, faults: list[bool]) -> None:

@@ -21,12 +21,25 @@ compensations out, with its attempt); when the saga gives up on one, the others 
 are no longer awaited, and a resume sends them again. The marks say which items are being
 undone (``<``) and which are undone (``-``); ``awaits`` holds each compensation out (or
 retry timer) with its item's position and attempt.
+
+A fan-out may also be a member of a parallel group (:mod:`saga.engine.steps.parallel`):
+the group keeps the fan-out's state, the same three keys, under the member's name in its
+own, and calls ``start_items``, ``take_item_success``, ``take_item_failure`` and
+``resend_items`` with it. There the fan-out joins the completed steps with its first item
+that took effect, an item that fails fails the group at once, and the items still out
+then are kept (``out``: message id to position) so that a success arriving later is
+undone: with the fan-out's other items if its compensation is still to come or under way;
+otherwise the item is marked among the kept marks and the fan-out goes back among the
+steps to undo, its compensation undoing that item alone (awaited and retried like any).
+Its compensation is the one above, its state (the same marks and ``awaits``) staying
+under its name in the group's ``members``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,6 +66,8 @@ ItemsOf = Callable[[Any], Any]
 ItemMessage = Callable[[Any, Any], BaseModel]
 #: ``on_reply(data, item, reply)``: the data with the item's result gathered into it.
 ItemReducer = Callable[[Any, Any, Any], BaseModel]
+
+logger = logging.getLogger(__name__)
 
 # One character per item in the step's state.
 TO_SEND, OUT, SUCCEEDED, FAILED, IN_DOUBT, UNDOING, UNDONE = ".>+x?<-"
@@ -107,10 +122,10 @@ class ForEach(StepKind):
         text = "\n".join(self._identity(item) for item in items)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def _checked_items(self, t: Transition) -> list[Any]:
-        """The items, which must be the ones the fan-out began with."""
+    def _checked_items(self, t: Transition, state: dict[str, Any]) -> list[Any]:
+        """The items, which must be the ones the fan-out began with (``state``'s digest)."""
         items = self._items(t.data)
-        if self._digest(items) != t.record.step_state["digest"]:
+        if self._digest(items) != state["digest"]:
             raise ConfigurationError(
                 f"fan-out {self.name!r}: its items changed while it ran (on_reply or another "
                 "step changed them); keep them as they are and gather results elsewhere in "
@@ -124,45 +139,52 @@ class ForEach(StepKind):
     # -- moving forward --------------------------------------------------------
 
     def begin(self, t: Transition) -> bool:
+        state = self.start_items(t)
+        if state is None:  # no items (done), or items= failed (the saga compensates)
+            return t.record.status is SagaStatus.RUNNING
+        t.record.step_state = state
+        t.record.step_started_at = t.at
+        self._settle(t, state)
+        return False
+
+    def start_items(self, t: Transition) -> dict[str, Any] | None:
+        """Send the first items: the fan-out's state, or None when it has no items (it
+        succeeded) or ``items=`` failed (the saga compensates)."""
         try:
             items = self._items(t.data)
         except ConfigurationError as exc:
             t.log_step(self, Phase.FORWARD, "failed", t.at, str(exc), attempt=1)
             t.begin_compensation(str(exc), self)
-            return False
+            return None
         if not items:
             t.log_step(self, Phase.FORWARD, "succeeded", t.at, attempt=1)
-            return True
-        t.record.step_state = {
-            "marks": TO_SEND * len(items),
-            "awaits": {},
-            "digest": self._digest(items),
-        }
-        t.record.step_started_at = t.at
-        self._send_more(t, items)
-        return False
+            return None
+        state = {"marks": TO_SEND * len(items), "awaits": {}, "digest": self._digest(items)}
+        self._send_more(t, state, items)
+        return state
 
     def resend(self, t: Transition, attempt: int, message_id: UUID | None = None) -> bool:
         """Send every item still out again, under its own message id (a resume)."""
-        state = t.record.step_state
-        if not state.get("awaits"):
+        if not t.record.step_state.get("awaits"):
             return False
-        items = self._checked_items(t)
-        for message, index in state["awaits"].items():
-            self._send(t, items, index, UUID(message))
-        self._settle(t)
+        self.resend_items(t, t.record.step_state)
+        self._settle(t, t.record.step_state)
         return True
 
-    def _send_more(self, t: Transition, items: list[Any]) -> None:
-        """Send items until ``max_in_flight`` are out (or none is left), then wait."""
-        state = t.record.step_state
+    def resend_items(self, t: Transition, state: dict[str, Any]) -> None:
+        """Send every item of ``state`` still out again, under its own message id."""
+        items = self._checked_items(t, state)
+        for message, index in state["awaits"].items():
+            self._send(t, items, index, UUID(message))
+
+    def _send_more(self, t: Transition, state: dict[str, Any], items: list[Any]) -> None:
+        """Send items until ``max_in_flight`` are out (or none is left)."""
         marks = state["marks"]
         while len(state["awaits"]) < self.max_in_flight and (index := marks.find(TO_SEND)) >= 0:
             envelope = self._send(t, items, index, None)
             state["awaits"][str(envelope.message_id)] = index
             marks = f"{marks[:index]}{OUT}{marks[index + 1 :]}"
         state["marks"] = marks
-        self._settle(t)
 
     def _send(
         self, t: Transition, items: list[Any], index: int, message_id: UUID | None
@@ -182,50 +204,72 @@ class ForEach(StepKind):
                 f"its {what} for an item: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _settle(self, t: Transition) -> None:
-        """The saga waits at the fan-out; its pending message is the first one still out."""
+    def _settle(self, t: Transition, state: dict[str, Any]) -> None:
+        """The saga waits at the fan-out; its pending message is the first one still out
+        (``state``: the fan-out's own, at the top of the record or in its group's)."""
         record = t.record
         record.step = self.name
-        awaits = record.step_state["awaits"]
+        awaits = state["awaits"]
         record.pending_message_id = UUID(next(iter(awaits))) if awaits else None
         record.step_attempt = 1
 
-    def _answered(self, t: Transition) -> Any:
+    def _answered(self, t: Transition, state: dict[str, Any]) -> Any:
         """What ``awaits`` kept of the message the event answers, now no longer out: the
         item's position (forward), or its position and attempt (compensation)."""
         message = str(t.cause.causation_id) if t.cause else None
-        entry = t.record.step_state["awaits"].pop(message, None)
+        entry = state["awaits"].pop(message, None)
         if entry is None:
             raise StaleReply(f"fan-out {self.name!r} awaits no message {message}")
         t.record.pending_message_id = UUID(message)
         return entry
 
-    def _mark(self, t: Transition, index: int, mark: str) -> None:
-        marks = t.record.step_state["marks"]
-        t.record.step_state["marks"] = f"{marks[:index]}{mark}{marks[index + 1 :]}"
-
     def take_success(self, t: Transition, reply: BaseModel) -> None:
-        index = int(self._answered(t))
+        state = t.record.step_state
+        self._next(t, self._succeeded(t, state, int(self._answered(t, state)), reply))
+
+    def take_item_success(self, t: Transition, state: dict[str, Any], reply: BaseModel) -> bool:
+        """An item succeeded, the fan-out being a group's member (``state``: its part): send
+        the next items; True when every item has succeeded."""
+        items = self._succeeded(t, state, int(self._answered(t, state)), reply)
+        if TO_SEND in state["marks"]:
+            self._send_more(t, state, items if items is not None else self._checked_items(t, state))
+        return not state["awaits"] and TO_SEND not in state["marks"]
+
+    def _succeeded(
+        self, t: Transition, state: dict[str, Any], index: int, reply: BaseModel
+    ) -> list[Any] | None:
+        """Mark item ``index`` succeeded and gather its reply; the items if that checked them
+        (each check reads and digests every item)."""
         if self.reply is not None and not isinstance(reply, self.reply):
             raise UnexpectedReply(
                 f"fan-out {self.name!r} expects {self.reply.__name__}, got {type(reply).__name__}"
             )
-        self._mark(t, index, SUCCEEDED)
-        items = None
-        if self.on_reply is not None:
-            item = self._checked_items(t)[index]
-            t.set_data(self.on_reply(t.data, item, reply), f"on_reply of {self.name!r}")
-            items = self._checked_items(t)  # the reducer left the items as they were
-        self._next(t, items)
+        _mark(state, index, SUCCEEDED)
+        if self.on_reply is None:
+            return None
+        item = self._checked_items(t, state)[index]
+        t.set_data(self.on_reply(t.data, item, reply), f"on_reply of {self.name!r}")
+        return self._checked_items(t, state)  # the reducer left the items as they were
 
     def take_failure(self, t: Transition, failure: FailureReply) -> None:
-        index = int(self._answered(t))
+        state = t.record.step_state
+        state.setdefault("failed", self.take_item_failure(t, state, failure))
+        self._next(t)
+
+    def take_item_failure(self, t: Transition, state: dict[str, Any], failure: FailureReply) -> str:
+        """An item failed (``state``: the fan-out's part of the record, or of its group's):
+        mark it, and say why."""
+        index = int(self._answered(t, state))
         in_doubt = failure.code in (DEAD_LETTERED, PURGED)
-        self._mark(t, index, IN_DOUBT if in_doubt else FAILED)
+        _mark(state, index, IN_DOUBT if in_doubt else FAILED)
         reason = f"{self.name}[{index}]: {failure.reason}"
         t.log_step(self, Phase.FORWARD, "failed", t.record.step_started_at, reason)
-        t.record.step_state.setdefault("failed", reason)
-        self._next(t)
+        return reason
+
+    @staticmethod
+    def took_effect(state: dict[str, Any]) -> bool:
+        """True when an item of ``state`` took effect (or may have: a dead letter)."""
+        return SUCCEEDED in state["marks"] or IN_DOUBT in state["marks"]
 
     def _next(self, t: Transition, items: list[Any] | None = None) -> None:
         """After an answer: send more, go on when every item succeeded, or compensate once
@@ -234,9 +278,10 @@ class ForEach(StepKind):
         state = t.record.step_state
         stopping = "failed" in state or t.record.cancel_requested
         if not stopping and TO_SEND in state["marks"]:
-            self._send_more(t, items if items is not None else self._checked_items(t))
+            self._send_more(t, state, items if items is not None else self._checked_items(t, state))
+            self._settle(t, state)
         elif state["awaits"]:
-            self._settle(t)
+            self._settle(t, state)
         elif not stopping:
             t.log_step(self, Phase.FORWARD, "succeeded", t.record.step_started_at)
             t.record.step_state = {}
@@ -244,79 +289,109 @@ class ForEach(StepKind):
             t.record.step = self.name
             t.go_on(t.saga.index(self.name) + 1)
         else:
-            if SUCCEEDED in state["marks"] or IN_DOUBT in state["marks"]:
+            if self.took_effect(state):
                 t.record.completed_steps.append(self.name)
             t.begin_compensation(state.get("failed") or t.record.last_error or "cancelled", self)
 
     # -- compensating ----------------------------------------------------------
 
     def kept_for_compensation(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The marks and digest when an item took effect; and the items still out (in a
+        group that failed: ``out``), whose late successes are undone; nothing without a
+        compensation."""
+        if self.compensation is None:
+            return {}
         marks = state.get("marks", "")
-        if SUCCEEDED in marks or IN_DOUBT in marks:
-            return {"marks": marks, "digest": state["digest"]}
-        return {}
+        kept = {"marks": marks, "digest": state.get("digest")}
+        if state.get("awaits"):
+            return {**kept, "out": state["awaits"]}
+        return kept if SUCCEEDED in marks or IN_DOUBT in marks else {}
+
+    def _undo_state(self, t: Transition) -> dict[str, Any]:
+        """Where the fan-out's compensation keeps its state: the saga's ``step_state``, or,
+        for a group's member, its entry under the group's ``members`` there."""
+        state = t.record.step_state
+        if t.saga.steps[t.saga.index(self.name)].name == self.name:
+            return state
+        entry: dict[str, Any] = state.setdefault("members", {}).setdefault(self.name, {})
+        return entry
+
+    def _undone(self, t: Transition, state: dict[str, Any]) -> None:
+        """Its compensation is over: forget its state, but for what the items still out when
+        its group failed need (the marks and the digest: a late success is marked there,
+        and this compensation, run again, undoes that item alone). Only its own keys: the
+        saga's ``step_state`` may still hold a group's ``members`` beside them."""
+        state.pop("awaits", None)
+        if state.get("out"):
+            return
+        for key in ("marks", "digest"):
+            state.pop(key, None)
+        members = t.record.step_state.get("members", {})
+        if members.get(self.name) is state:
+            del members[self.name]
+            if not members:
+                del t.record.step_state["members"]
 
     def compensate(self, t: Transition, attempt: int, message_id: UUID | None = None) -> bool:
         """Begin undoing the items (or go on after a resume, or an item's retry timer)."""
-        record = t.record
+        state = self._undo_state(t)
         if self.compensation is None:  # nothing to undo
-            record.step_state = {}
+            self._undone(t, state)
             return True
-        if "marks" not in record.step_state:  # the fan-out completed: every item took effect
+        if "marks" not in state:  # the fan-out completed: every item took effect
             items = self._items(t.data)
-            record.step_state = {"marks": SUCCEEDED * len(items), "digest": self._digest(items)}
-        awaits = record.step_state.setdefault("awaits", {})
-        items = self._checked_items(t)
+            state.update(marks=SUCCEEDED * len(items), digest=self._digest(items))
+        awaits = state.setdefault("awaits", {})
+        items = self._checked_items(t, state)
         timer = awaits.pop(str(t.cause.message_id), None) if t.cause else None
         if timer is not None:  # an item's retry timer: its compensation, again
-            self._undo(t, items, timer[0], attempt, None)
+            self._undo(t, state, items, timer[0], attempt, None)
         elif awaits:  # a resume: every item compensation still out, again, under its id
             for message, (index, sent_attempt) in list(awaits.items()):
-                self._undo(t, items, index, sent_attempt, UUID(message))
+                self._undo(t, state, items, index, sent_attempt, UUID(message))
         else:  # the first items, or a resume after giving up: those left out, again
-            record.step_started_at = t.at
-            marks = record.step_state["marks"]
-            for index in [i for i, mark in enumerate(marks) if mark == UNDOING]:
-                self._undo(t, items, index, 1, None)
-            self._undo_more(t, items)
+            t.record.step_started_at = t.at
+            for index in [i for i, mark in enumerate(state["marks"]) if mark == UNDOING]:
+                self._undo(t, state, items, index, 1, None)
+            self._undo_more(t, state, items)
         if awaits:
-            self._settle(t)
+            self._settle(t, state)
             return False
-        record.step_state = {}
+        self._undone(t, state)
         return True
 
     def take_undone(self, t: Transition) -> None:
         """An item is undone: send the next, or, the last one undone, go on to the steps
         before the fan-out."""
-        self._mark(t, self._undo_answered(t), UNDONE)
-        state = t.record.step_state
+        state = self._undo_state(t)
+        _mark(state, self._undo_answered(t, state), UNDONE)
         if self._next_to_undo(state["marks"]) >= 0:
-            self._undo_more(t, self._checked_items(t))
+            self._undo_more(t, state, self._checked_items(t, state))
         if state["awaits"]:
             t.log_step(self, Phase.COMPENSATION, "succeeded", t.record.step_started_at)
-            self._settle(t)
+            self._settle(t, state)
         else:
-            t.record.step_state = {}
+            self._undone(t, state)
             t.step_undone(self)
 
     def take_undo_failure(self, t: Transition, failure: FailureReply) -> None:
         """An item's compensation failed: its retry timer is awaited with the rest; once the
         saga gives up, the compensations still out are no longer awaited (a resume sends
         them again, under their keys)."""
-        index = self._undo_answered(t)
+        state = self._undo_state(t)
+        index = self._undo_answered(t, state)
         attempt = t.record.step_attempt
         t.undo_failed(self, f"{self.name}[{index}]: {failure.reason}", failure.code)
-        awaits = t.record.step_state["awaits"]
         if t.record.status is SagaStatus.COMPENSATION_FAILED:
-            awaits.clear()
+            state["awaits"].clear()
         else:
-            awaits[str(t.record.pending_message_id)] = [index, attempt + 1]
-            self._settle(t)
+            state["awaits"][str(t.record.pending_message_id)] = [index, attempt + 1]
+            self._settle(t, state)
 
-    def _undo_answered(self, t: Transition) -> int:
+    def _undo_answered(self, t: Transition, state: dict[str, Any]) -> int:
         """The position of the item whose compensation the event answers; the saga's
         attempt is that compensation's (for the step log and its retry)."""
-        index, attempt = self._answered(t)
+        index, attempt = self._answered(t, state)
         t.record.step_attempt = attempt
         return int(index)
 
@@ -325,27 +400,68 @@ class ForEach(StepKind):
         """The latest item that took effect (or may have) and is not undone yet; -1: none."""
         return max(marks.rfind(SUCCEEDED), marks.rfind(IN_DOUBT))
 
-    def _undo_more(self, t: Transition, items: list[Any]) -> None:
+    def _undo_more(self, t: Transition, state: dict[str, Any], items: list[Any]) -> None:
         """Send item compensations, latest item first, until ``max_in_flight`` are out."""
-        state = t.record.step_state
         marks = state["marks"]
         while (
             len(state["awaits"]) < self.max_in_flight and (index := self._next_to_undo(marks)) >= 0
         ):
-            self._undo(t, items, index, 1, None)
+            self._undo(t, state, items, index, 1, None)
             marks = f"{marks[:index]}{UNDOING}{marks[index + 1 :]}"
         state["marks"] = marks
 
     def _undo(
-        self, t: Transition, items: list[Any], index: int, attempt: int, message_id: UUID | None
+        self,
+        t: Transition,
+        state: dict[str, Any],
+        items: list[Any],
+        index: int,
+        attempt: int,
+        message_id: UUID | None,
     ) -> None:
         """Send item ``index``'s compensation (under ``message_id``: again), now awaited."""
+        compensation = self._compensation(t, items, index, message_id)
+        t.outgoing.append(compensation)
+        state["awaits"][str(compensation.envelope.message_id)] = [index, attempt]
+
+    def _compensation(
+        self, t: Transition, items: list[Any], index: int, message_id: UUID | None = None
+    ) -> OutgoingMessage:
+        """The compensation of item ``index``, under that item's key."""
         assert self.compensation is not None
         item = items[index]
         message = self._build(t, self.compensation, item, "compensation")
         envelope = t.envelopes.undo(message, self, self._key(t, index, item), message_id)
-        t.outgoing.append(OutgoingMessage(envelope, self.compensation_service or self.service))
-        t.record.step_state["awaits"][str(envelope.message_id)] = [index, attempt]
+        return OutgoingMessage(envelope, self.compensation_service or self.service)
+
+    def undo_late(self, t: Transition, reply: BaseModel) -> bool:
+        """An item still out when its group failed succeeded: mark it to be undone. If the
+        fan-out's compensation is still to come (or under way), that compensation undoes it
+        with the other items (False: nothing more to do); otherwise the fan-out is to be
+        undone again (True), and its compensation finds that item alone to undo, the others
+        being undone already or never having taken effect."""
+        state = t.record.step_state.get("members", {}).get(self.name, {})
+        message = str(t.cause.causation_id) if t.cause else None
+        if self.compensation is None or message not in state.get("out", {}):
+            return False
+        index = int(state["out"].pop(message))
+        items = self._checked_items(t, state)
+        if self.on_reply is not None:
+            t.set_data(self.on_reply(t.data, items[index], reply), f"on_reply of {self.name!r}")
+        _mark(state, index, SUCCEEDED)
+        again = self.name not in t.record.completed_steps
+        undone = "to be undone on its own" if again else "to be undone with the other items"
+        note = f"item {index} succeeded after its group failed; {undone}"
+        t.log_step(self, Phase.FORWARD, "late_success", t.at, note)
+        logger.warning(
+            "saga %s: late success of fan-out %s item %d, %s",
+            t.record.id,
+            self.name,
+            index,
+            undone,
+            extra={"saga_id": str(t.record.id), "step": self.name},
+        )
+        return again
 
     # -- registration ----------------------------------------------------------
 
@@ -381,3 +497,9 @@ class ForEach(StepKind):
             except ConfigurationError as exc:
                 problems.append(f"{where}: {option}: {exc}")
         return problems
+
+
+def _mark(state: dict[str, Any], index: int, mark: str) -> None:
+    """Put ``mark`` on item ``index`` of ``state``."""
+    marks = state["marks"]
+    state["marks"] = f"{marks[:index]}{mark}{marks[index + 1 :]}"

@@ -115,8 +115,12 @@ class StepKind(ABC):
         return {}
 
     def undo_late(self, t: Transition, reply: BaseModel) -> bool:
-        """A success after the saga compensated past the step: send its compensation.
-        False when there is nothing to undo."""
+        """A success after the saga compensated past the step (or while the step is still
+        among the steps to undo): take its reply, send nothing, and say whether the saga must
+        put the step back among the steps to undo (it then compensates it, awaited and
+        retried as any compensation). False when nothing more is to be done: there is no
+        compensation, or the step's own compensation, still to come or under way, covers
+        it. A step that takes the reply logs its late success."""
         return False
 
     # -- registration ----------------------------------------------------------

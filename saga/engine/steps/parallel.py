@@ -13,6 +13,17 @@ the group, in reverse order. A sibling still out then is no longer awaited: if i
 success comes later, the late-success path undoes it; if it fails, nothing took effect.
 Members keep their own deadlines (retry under the same message id, or compensate with
 that member in doubt) and ``on_dead_letter="compensate"``.
+
+A fan-out may be a member too: its first ``max_in_flight`` commands leave with the other
+members', its state (one mark per item, its messages out, its items' digest) sits under
+its name in ``members``, and every item message still out is in ``awaits`` as well. It
+joins the completed steps with its first item that took effect (so a sibling failing
+later undoes its items), moves to their end when every item succeeded (so members are
+undone in the order they succeeded), and fails the group when one item fails. When the
+group fails, what each fan-out member needs to undo its items (and the items still out,
+whose late successes are undone) is kept under ``members`` while the saga compensates; a
+fan-out member undoing its items keeps its compensation's state there too (its marks, and
+up to ``max_in_flight`` item compensations out in its own ``awaits``).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from saga.engine.state import Phase, SagaStatus
+from saga.engine.steps.for_each import ForEach
 from saga.engine.steps.kind import StepKind, StepShape
 from saga.engine.steps.local import LocalStep
 from saga.engine.steps.options import Condition
@@ -36,7 +48,7 @@ if TYPE_CHECKING:
     from saga.engine.transitions import Transition
 
 #: What a group may hold.
-Member = LocalStep | RemoteStep
+Member = LocalStep | RemoteStep | ForEach
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,29 +76,45 @@ class ParallelGroup(StepKind):
         record = t.record
         record.step_state = {"awaits": [], "members": {}}
         record.step_started_at = t.at
+        record.step = self.name  # what a member failing now compensates from
         for member in self.members:
             if member.when is not None and not member.when(t.data):
                 t.log_step(member, Phase.FORWARD, "skipped", t.at, attempt=1)
                 continue
-            if not member.begin(t) and record.status is not SagaStatus.RUNNING:
-                return False  # a local member failed: the saga compensates (nothing sent yet)
-            self._capture(t, member)
+            if isinstance(member, ForEach):
+                self._start_fan_out(t, member)
+            elif not member.begin(t) and record.status is SagaStatus.RUNNING:
+                self._capture(t, member)
+            if record.status is not SagaStatus.RUNNING:
+                return False  # a member failed: the saga compensates (the others are out)
         if record.step_state["awaits"]:
             self._settle(t)
             return False
         record.step_state = {}
         return True
 
+    def _start_fan_out(self, t: Transition, member: ForEach) -> None:
+        state = member.start_items(t)
+        if state is not None:
+            t.record.step_state["members"][member.name] = state
+            t.record.step_state["awaits"].extend(state["awaits"])
+            self._settle(t)
+
     def resend(self, t: Transition, attempt: int, message_id: UUID | None = None) -> bool:
         """Send every member still out again, under its own message id (a resume)."""
         state = t.record.step_state
-        out = [(n, e) for n, e in state["members"].items() if e["message"] in state["awaits"]]
-        for name, entry in out:
+        if not state.get("awaits"):
+            return False
+        for name, entry in list(state["members"].items()):
             member = self.member(name)
             assert member is not None
-            member.resend(t, entry["attempt"], UUID(entry["message"]))
-            self._capture(t, member)
-        return bool(out)
+            if isinstance(member, ForEach):
+                member.resend_items(t, entry)
+            elif entry["message"] in state["awaits"]:
+                member.resend(t, entry["attempt"], UUID(entry["message"]))
+                self._capture(t, member)
+        self._settle(t)
+        return True
 
     def _settle(self, t: Transition) -> None:
         """The saga waits at the group; its pending message is the first one still out (so
@@ -96,7 +124,7 @@ class ParallelGroup(StepKind):
         record.pending_message_id = UUID(record.step_state["awaits"][0])
         record.step_attempt = 1
 
-    def _capture(self, t: Transition, member: Member) -> None:
+    def _capture(self, t: Transition, member: LocalStep | RemoteStep) -> None:
         """Keep what a member just sent (its pending message) in the group's state and put
         the saga back at the group."""
         record = t.record
@@ -111,25 +139,40 @@ class ParallelGroup(StepKind):
         state["awaits"].append(message)
         self._settle(t)
 
-    def _answered(self, t: Transition, message_id: UUID | None) -> Member:
-        """The member whose message ``message_id`` answers, now no longer awaited."""
+    def _answered(self, t: Transition, message_id: UUID | None) -> tuple[Member, dict[str, Any]]:
+        """The member whose message (or item's message) ``message_id`` answers, now no
+        longer awaited, and its entry in the group's state."""
         state = t.record.step_state
-        for name, entry in state["members"].items():
-            if entry["message"] == str(message_id) and entry["message"] in state["awaits"]:
-                state["awaits"].remove(entry["message"])
-                member = self.member(name)
-                assert member is not None
-                t.record.step_attempt = entry["attempt"]
-                t.record.pending_message_id = message_id
-                return member
+        message = str(message_id)
+        if message in state["awaits"]:
+            for name, entry in state["members"].items():
+                if entry.get("message") == message or message in entry.get("awaits", ()):
+                    state["awaits"].remove(message)
+                    member = self.member(name)
+                    assert member is not None
+                    t.record.step_attempt = entry.get("attempt", 1)
+                    t.record.pending_message_id = message_id
+                    return member, entry
         raise StaleReply(f"group {self.name!r} awaits no message {message_id}")
 
     def take_success(self, t: Transition, reply: BaseModel) -> None:
-        member = self._answered(t, t.cause.causation_id if t.cause else None)
-        member.take_reply(t, reply)
-        t.log_step(member, Phase.FORWARD, "succeeded", t.record.step_started_at)
-        t.record.completed_steps.append(member.name)
-        if t.record.step_state["awaits"]:
+        state = t.record.step_state
+        member, entry = self._answered(t, t.cause.causation_id if t.cause else None)
+        if isinstance(member, ForEach):
+            done = member.take_item_success(t, entry, reply)
+            state["awaits"].extend(m for m in entry["awaits"] if m not in state["awaits"])
+            if member.name not in t.record.completed_steps:
+                t.record.completed_steps.append(member.name)  # its first item took effect
+            if done:  # undone, as members are, in the order they succeeded
+                t.log_step(member, Phase.FORWARD, "succeeded", t.record.step_started_at)
+                t.record.completed_steps.remove(member.name)
+                t.record.completed_steps.append(member.name)
+                del state["members"][member.name]
+        else:
+            member.take_reply(t, reply)
+            t.log_step(member, Phase.FORWARD, "succeeded", t.record.step_started_at)
+            t.record.completed_steps.append(member.name)
+        if state["awaits"]:
             self._settle(t)
         else:
             t.record.step_state = {}
@@ -137,27 +180,42 @@ class ParallelGroup(StepKind):
             t.go_on(t.saga.index(self.name) + 1)
 
     def take_failure(self, t: Transition, failure: FailureReply) -> None:
-        member = self._answered(t, t.cause.causation_id if t.cause else None)
+        # the compensation keeps what the fan-out members need (kept_for_compensation);
+        # siblings still out are no longer awaited
+        member, entry = self._answered(t, t.cause.causation_id if t.cause else None)
+        if isinstance(member, ForEach):
+            reason = member.take_item_failure(t, entry, failure)
+            if member.took_effect(entry) and member.name not in t.record.completed_steps:
+                t.record.completed_steps.append(member.name)  # an item in doubt
+            t.begin_compensation(reason, member)
+            return
         reason = f"{member.name}: {failure.reason}"
         t.log_step(member, Phase.FORWARD, "failed", t.record.step_started_at, reason)
-        t.record.step_state = {}  # siblings still out are no longer awaited
         if failure.code in (DEAD_LETTERED, PURGED):
             t.compensate_in_doubt(member, reason)
         else:
             t.begin_compensation(reason, member)
 
     def take_deadline(self, t: Transition, deadline: StepDeadline) -> None:
-        member = self._answered(t, deadline.awaited)
+        member, _ = self._answered(t, deadline.awaited)
         member.take_deadline(t, deadline)
-        if t.record.status is SagaStatus.RUNNING:
+        if t.record.status is SagaStatus.RUNNING and not isinstance(member, ForEach):
             self._capture(t, member)  # sent again under the same message id
-        else:
-            t.record.step_state = {}
 
     # -- compensating ----------------------------------------------------------
 
     def compensate(self, t: Transition, attempt: int, message_id: UUID | None = None) -> bool:
         return True  # its members are compensated one by one, under their own names
+
+    def kept_for_compensation(self, state: dict[str, Any]) -> dict[str, Any]:
+        """What each member needs to be undone (a fan-out: its items' marks, and its items
+        still out), under ``members``."""
+        kept: dict[str, Any] = {}
+        for name, entry in state.get("members", {}).items():
+            member = self.member(name)
+            if member is not None and (needed := member.kept_for_compensation(entry)):
+                kept[name] = needed
+        return {"members": kept} if kept else {}
 
     # -- registration ----------------------------------------------------------
 

@@ -114,16 +114,14 @@ class RemoteStep(StepKind):
         return False
 
     def undo_late(self, t: Transition, reply: BaseModel) -> bool:
-        if self.compensation is None:
-            return False
-        if self.on_reply is not None:
+        if self.compensation is None or self.name in t.record.completed_steps:
+            return False  # nothing to undo, or it is still to be compensated in order
+        if self.on_reply is not None:  # its compensation may need what the reply says
             t.set_data(self.on_reply(t.data, reply), f"on_reply of {self.name!r}")
-        envelope = t.envelopes.compensation(self, t.data)
-        t.outgoing.append(OutgoingMessage(envelope, t.saga.compensation_service(self)))
-        note = f"succeeded after the saga compensated past it; compensation {envelope.type} sent"
+        note = "succeeded after the saga compensated past it; to be compensated"
         t.log_step(self, Phase.FORWARD, "late_success", t.at, note)
         logger.warning(
-            "saga %s: late success of step %s undone",
+            "saga %s: late success of step %s, to be undone",
             t.record.id,
             self.name,
             extra={"saga_id": str(t.record.id), "step": self.name},
