@@ -269,20 +269,22 @@ def _pg_broker_alone(args: argparse.Namespace, figures: Figures) -> list[Row]:
 
 
 def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
-    """The framework itself: the example order saga, every service a process."""
+    """The framework itself: the example order saga, every service a process. Orders of one
+    line on version 2 (stock and credit at once), so that the figures compare with the runs
+    before version 3 (a fan-out over the lines); v1 idle beside it for the parallel ratio."""
     with tempfile.TemporaryDirectory() as logs:
         bench = saga_e2e.Bench(Path(logs), orchestrator_concurrency=args.concurrency)
         try:
             with console.status(f"order saga, full load: {args.sagas} sagas"):
-                bench.measure(min(300, args.sagas))  # warm up
+                bench.measure(min(300, args.sagas), saga=create_order_v2)  # warm up
                 cpu_before = profile.CpuSnapshot(bench)
-                full = bench.measure(args.sagas)
+                full = bench.measure(args.sagas, saga=create_order_v2)
                 cpu_full = profile.CpuSnapshot(bench).system_seconds() - cpu_before.system_seconds()
             half_rate = full.sagas_per_s / 2
             half_sagas = max(100, int(half_rate * args.half_seconds))
             with console.status(f"order saga, half load: {half_rate:.0f} sagas/s"):
                 cpu_before = profile.CpuSnapshot(bench)
-                half_e2e = saga_e2e.end_to_end(bench, half_rate, half_sagas)
+                half_e2e = saga_e2e.end_to_end(bench, half_rate, half_sagas, create_order_v2)
                 cpu_half = profile.CpuSnapshot(bench).system_seconds() - cpu_before.system_seconds()
             half = half_e2e.measurement
             with console.status(f"order saga, idle: {args.idle_sagas} sagas, 1 a second"):
@@ -294,8 +296,8 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
             if args.growth_rows:
                 with console.status(f"growth: {args.growth_rows:,} rows in inbox and step log"):
                     bench.preload_history(args.growth_rows)
-                    bench.measure(min(300, args.sagas))
-                    grown = bench.measure(args.sagas)
+                    bench.measure(min(300, args.sagas), saga=create_order_v2)
+                    grown = bench.measure(args.sagas, saga=create_order_v2)
         finally:
             bench.close()
     cpu_ratio = (cpu_half / half_sagas) / (cpu_full / args.sagas)
