@@ -4,6 +4,9 @@ messages of some queues under a lease."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -110,24 +113,31 @@ def create_messages(db: psycopg.Connection[Any], schema: str) -> None:
         db.execute(sql.SQL("DROP TABLE {}").format(old))
 
 
-def claim_statement(table: sql.Identifier) -> sql.Composed:
-    """Take the oldest visible messages of some queues under a lease (parameters: the
-    queues, each one's floor or NULL, the limit twice, the lease in seconds, the lock
-    token). Returns the messages taken, each with the ``visible_at`` it had, and one last
-    row whose only value is the statement's ``now()``.
+def claim_statement(schema: str) -> sql.Composed:
+    """Take the oldest visible messages of some queues under a lease (parameters:
+    :func:`claim_parameters`). Returns the messages taken, each with the ``visible_at`` it
+    had, and one last row whose only value is the statement's ``now()``.
 
-    One index scan per queue, each walking ``(queue, visible_at, id)`` in order from the
-    queue's floor (:mod:`saga.broker.postgres.low_water`) and stopping at the limit: with
-    ``queue = ANY(...)`` PostgreSQL cannot use the index's order and sorts every visible
-    message, so a claim's cost would grow with the backlog; from the queue's start, it
-    would grow with the messages consumed since the oldest snapshot still held.
+    Per queue, one index scan per generation's partition, each walking ``(queue,
+    visible_at, id)`` in order from the queue's floor (:mod:`saga.broker.postgres.low_water`)
+    and stopping at the limit; the oldest of those (at most a limit per generation) are
+    taken. With ``queue = ANY(...)``, or one scan of the partitioned table, PostgreSQL may
+    sort every visible message instead (it does whenever its estimates of the partitions
+    are off, as they are while a backlog is growing), and a claim's cost would grow with
+    the backlog; from the queue's start, it would grow with the messages consumed since
+    the oldest snapshot still held.
     """
+    scans = sql.SQL(" UNION ALL ").join(
+        sql.SQL(  # each in a subquery of its own: FOR UPDATE is refused in a UNION's arms
+            "SELECT * FROM (SELECT id, generation, visible_at FROM {p} WHERE queue = w.queue "
+            "AND visible_at >= coalesce(w.floor, '-infinity') AND visible_at <= now() "
+            "ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) AS {g}"
+        ).format(p=partition(schema, generation), g=sql.Identifier(f"g{generation}"))
+        for generation in range(GENERATIONS)
+    )
     return sql.SQL(
         "WITH next AS (SELECT c.id, c.generation, c.visible_at FROM "
-        "unnest(%b::text[], %b::timestamptz[]) AS w(queue, floor), LATERAL "
-        "(SELECT id, generation, visible_at FROM {t} WHERE queue = w.queue "
-        "AND visible_at >= coalesce(w.floor, '-infinity') AND visible_at <= now() "
-        "ORDER BY visible_at, id LIMIT %s FOR UPDATE SKIP LOCKED) AS c "
+        "unnest(%b::text[], %b::timestamptz[]) AS w(queue, floor), LATERAL ({scans}) AS c "
         "ORDER BY c.visible_at, c.id LIMIT %s), "
         "taken AS (UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
         "lock_token = %s, attempts = m.attempts + 1 FROM next "
@@ -136,4 +146,15 @@ def claim_statement(table: sql.Identifier) -> sql.Composed:
         "next.visible_at) "
         "SELECT *, NULL::timestamptz FROM taken "
         "UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, now()"
-    ).format(t=table)
+    ).format(scans=scans, t=sql.Identifier(schema, "messages"))
+
+
+def claim_parameters(
+    queues: Sequence[str],
+    floors: Sequence[datetime | None],
+    limit: int,
+    lease: float,
+    token: uuid.UUID,
+) -> tuple[Any, ...]:
+    """The parameters of :func:`claim_statement`, in its order."""
+    return (list(queues), list(floors), *[limit] * GENERATIONS, limit, lease, token)

@@ -56,7 +56,7 @@ from kombu.transport import virtual
 from psycopg import sql
 
 from saga.broker.postgres.low_water import LowWaterMarks
-from saga.broker.postgres.messages import claim_statement, create_messages
+from saga.broker.postgres.messages import claim_parameters, claim_statement, create_messages
 from saga.broker.postgres.publishing import (
     DEFAULT_EXCHANGE,
     SUBSCRIPTIONS_DDL,
@@ -304,8 +304,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         limit: int,
         token: uuid.UUID,
     ) -> tuple[sql.Composed, tuple[Any, ...]]:
-        params = (list(queues), list(floors), limit, limit, self.lease, token)
-        return claim_statement(self.table), params
+        return claim_statement(self.schema), claim_parameters(
+            queues, floors, limit, self.lease, token
+        )
 
     # -- settling ------------------------------------------------------------
 
@@ -330,9 +331,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             sql.SQL(
                 "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
                 "lock_token = NULL FROM unnest(%b::bigint[], %b::uuid[]) AS s(id, token) "
-                "WHERE m.id = s.id AND m.lock_token = s.token"
+                "WHERE m.id = s.id AND m.lock_token = s.token AND m.id = ANY(%b::bigint[])"
             ).format(t=self.table),
-            (delay or self.requeue_delay, [p[0] for p in pairs], [p[1] for p in pairs]),
+            (delay or self.requeue_delay, *_fenced(pairs)),
         )
 
     def nack(self, delivery_tag: str, delay: float) -> None:
@@ -349,9 +350,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             self.db.execute(
                 sql.SQL(
                     "DELETE FROM {t} m USING unnest(%b::bigint[], %b::uuid[]) AS s(id, token) "
-                    "WHERE m.id = s.id AND m.lock_token = s.token"
+                    "WHERE m.id = s.id AND m.lock_token = s.token AND m.id = ANY(%b::bigint[])"
                 ).format(t=self.table),
-                ([p[0] for p in pairs], [p[1] for p in pairs]),
+                _fenced(pairs),
             )
         except BaseException:
             self._pending_acks[:0] = pairs  # not known to be deleted: try again, or the lease ends
@@ -625,3 +626,12 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+
+
+def _fenced(pairs: Sequence[tuple[int, Any]]) -> tuple[list[int], list[Any], list[int]]:
+    """The parameters of a statement on messages fenced by (id, lock token): the ids, the
+    tokens, and the ids again for ``m.id = ANY(...)``, which lets each generation's
+    partition be probed by its primary key (the join alone is planned as a scan of every
+    partition whenever the estimates are off)."""
+    ids = [pair[0] for pair in pairs]
+    return ids, [pair[1] for pair in pairs], ids
