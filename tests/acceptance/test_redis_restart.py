@@ -135,16 +135,18 @@ def test_a_volatile_redis_loses_messages_and_one_bulk_resume_finishes_every_saga
     system, server = redis_system(False)
     with processes(system, tmp_path) as running:
         running.start("orders-relay", "inventory-relay", "inventory")
-        # 30 orders: inventory reserves their stock; its replies wait in Redis for orders
-        workload.submit(system, workload.make_orders(30, RATES, seed=5, prefix="r"))
+        # 30 orders: inventory reserves the stock of each line; its replies wait in Redis
+        first = workload.make_orders(30, RATES, seed=5, prefix="r")
+        lines = sum(len(order.lines) for order in first)
+        workload.submit(system, first)
         wait_until(
             lambda: (
-                _count(system, "inventory", "SELECT count(*) FROM saga.inbox") == 30
+                _count(system, "inventory", "SELECT count(*) FROM saga.inbox") == lines
                 and _count(system, "inventory", "SELECT count(*) FROM saga.outbox") == 0
             ),
             60,
             0.1,
-            "30 stock reservations replied to",
+            f"{lines} stock reservations (30 orders) replied to",
         )
         running.stop("inventory")
         # 30 more: their first commands wait in Redis for inventory

@@ -99,24 +99,30 @@ def _step_key(key: str) -> str:
 
 def step_order(system: Cluster, report: invariants.Report) -> None:
     """Forward steps in definition order, then compensations in reverse, per saga (the
-    members of a parallel group in any order among themselves)."""
+    members of a parallel group in any order among themselves). A step that succeeded
+    after the saga had compensated past it (a late success) is undone when its success
+    comes, whatever the order: its compensation is left out of the reverse-order check."""
     log: dict[Any, list[tuple[str, str]]] = defaultdict(list)
+    late: dict[Any, set[str]] = defaultdict(set)
     version_of: dict[Any, int] = {}
-    for saga_id, version, step, phase in invariants.rows(
+    for saga_id, version, step, phase, outcome in invariants.rows(
         system,
         "orders",
-        "SELECT s.saga_id, i.saga_version, s.step, s.phase FROM saga.saga_steps s "
+        "SELECT s.saga_id, i.saga_version, s.step, s.phase, s.outcome FROM saga.saga_steps s "
         "JOIN saga.saga_instances i ON i.id = s.saga_id "
-        "WHERE s.outcome = 'succeeded' ORDER BY s.saga_id, s.id",
+        "WHERE s.outcome IN ('succeeded', 'late_success') ORDER BY s.saga_id, s.id",
     ):
-        log[saga_id].append((step, phase))
         version_of[saga_id] = version
+        if outcome == "late_success":
+            late[saga_id].add(step)
+        else:
+            log[saga_id].append((step, phase))
     places = {version: positions(version) for version in set(version_of.values())}
     bad = []
     for saga_id, entries in log.items():
         place = places[version_of[saga_id]]
         forward = [s for s, p in entries if p == "forward"]
-        backward = [s for s, p in entries if p == "compensation"]
+        backward = [s for s, p in entries if p == "compensation" and s not in late[saga_id]]
         first_compensation = next((i for i, (_, p) in enumerate(entries) if p != "forward"), None)
         in_order = forward == sorted(forward, key=place.__getitem__)
         reverse = backward == sorted(backward, key=place.__getitem__, reverse=True)
