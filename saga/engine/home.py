@@ -33,8 +33,9 @@ class SagaHome:
 
         The saga row, its log and messages leased to a consumer (a transition run by a
         delivery) go in one statement; otherwise each kind goes in one of its own."""
-        leased = self.outbox.leased_statement(outgoing) if record is not None else None
-        if record is not None and (leased is not None or not outgoing):
+        rows = self.outbox.rows(outgoing)  # serialized and checked once, whichever way
+        leased = self.outbox.leased_statement(rows) if record is not None else None
+        if record is not None and (leased is not None or not rows):
             written = self.store.save_step(tx, record, log, leased)
             if leased is not None:
                 self.outbox.take_leased(written)
@@ -42,6 +43,6 @@ class SagaHome:
             if record is not None:
                 self.store.save(tx, record)
             self.store.log(tx, log)
-            self.outbox.add_many(tx, outgoing)
+            self.outbox.insert_rows(tx, rows)
         for letter in letters:
             self.dead_letters.add(tx, letter)

@@ -278,13 +278,12 @@ class Outbox:
         columns = list(zip(*rows, strict=True))[:5]
         return self._insert_leased, [lease, *(list(column) for column in columns)]
 
-    def leased_statement(self, messages: Sequence[OutgoingMessage]) -> tuple[str, list[Any]] | None:
-        """The one statement (and its parameters) writing ``messages`` leased to the writer,
-        for a caller to run as part of a statement of its own and hand what it returned to
-        :meth:`take_leased`; None when they are not written that way (no leases active,
-        none to write, or some held back)."""
+    def leased_statement(self, rows: Sequence[NewOutboxRow]) -> tuple[str, list[Any]] | None:
+        """The one statement (and its parameters) writing ``rows`` (from :meth:`rows`) leased
+        to the writer, for a caller to run as part of a statement of its own and hand what
+        it returned to :meth:`take_leased`; None when they are not written that way (no
+        leases active, none to write, or some held back: :meth:`insert_rows` writes them)."""
         leases = active_leases()
-        rows = self.rows(messages)
         if leases is None or not rows or any(held_back(row) for row in rows):
             return None
         return self.leased_insert(rows, leases.lease)
