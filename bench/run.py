@@ -287,10 +287,13 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
                 half_e2e = saga_e2e.end_to_end(bench, half_rate, half_sagas, create_order_v2)
                 cpu_half = profile.CpuSnapshot(bench).system_seconds() - cpu_before.system_seconds()
             half = half_e2e.measurement
-            with console.status(f"order saga, idle: {args.idle_sagas} sagas, 1 a second"):
-                idle_e2e = saga_e2e.end_to_end(bench, 1.0, args.idle_sagas, create_order_v2)
-            with console.status(f"order saga v1 (sequential), idle: {args.idle_sagas} sagas"):
-                sequential_e2e = saga_e2e.end_to_end(bench, 1.0, args.idle_sagas, create_order_v1)
+            with console.status(
+                f"order saga, idle: {args.idle_sagas} sagas on v2 and on v1 (sequential), "
+                "alternating, 1 a second"
+            ):
+                idle_e2e, sequential_e2e = saga_e2e.end_to_end_alternating(
+                    bench, 1.0, args.idle_sagas, create_order_v2, create_order_v1
+                )
             rss = bench.consumer_rss_mb()
             grown = None
             if args.growth_rows:
@@ -339,13 +342,13 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
         ),
         (
             f"order saga end to end (v2, stock and credit at once), idle "
-            f"({args.idle_sagas} sagas, 1 a second)",
+            f"({args.idle_sagas} sagas, alternating with v1, 1 saga a second)",
             _durations(idle_e2e),
             "finished_at - started_at of each saga, started one per transaction",
         ),
         (
             f"order saga v1, stock and credit reserved one after the other, idle "
-            f"({args.idle_sagas} sagas, 1 a second)",
+            f"({args.idle_sagas} sagas, alternating with v2)",
             _durations(sequential_e2e),
             f"the parallel version 2 (the row above) at {parallel_ratio:.2f} of its p50 "
             "(target: at most 0.8)",

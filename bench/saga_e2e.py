@@ -77,6 +77,25 @@ def end_to_end(
     return EndToEnd(rate, sagas, _exact_percentiles(durations), measured)
 
 
+def end_to_end_alternating(
+    bench: Bench, rate: float, sagas: int, first: Saga[OrderData], second: Saga[OrderData]
+) -> tuple[EndToEnd, EndToEnd]:
+    """:func:`end_to_end` for two versions at once: ``sagas`` of each, started one per
+    transaction at ``rate`` a second in all, alternating (first, second, first, ...).
+    Whatever the machine does meanwhile (a neighbour's burst, autovacuum, a slower
+    minute) falls on both versions alike, so their ratio compares like with like; two
+    runs one after the other drift apart by more than the difference being measured."""
+    batches = [bench.new_batch(sagas, saga) for saga in (first, second)]
+    measured = bench.measure_alternating(batches, rate, (first, second))
+    results = []
+    for prefix, _ in batches:
+        durations = bench.durations_ms(prefix)
+        if len(durations) != sagas:
+            raise RuntimeError(f"{len(durations)} sagas of batch {prefix} found, {sagas} started")
+        results.append(EndToEnd(rate / 2, sagas, _exact_percentiles(durations), measured))
+    return results[0], results[1]
+
+
 class Bench:
     """A running example system on scratch databases, to measure repeatedly."""
 
@@ -160,6 +179,34 @@ class Bench:
         else:
             self._paced(batch, rate, saga)
         return self._finished(orders, started, before, before_steps)
+
+    def new_batch(self, orders: int, saga: Saga[OrderData]) -> tuple[str, list[OrderData]]:
+        """``orders`` new orders for ``saga`` and the order-id prefix they share."""
+        batch = self._new_orders(orders, saga)
+        return self.last_batch, batch
+
+    def measure_alternating(
+        self,
+        batches: list[tuple[str, list[OrderData]]],
+        rate: float,
+        sagas: tuple[Saga[OrderData], ...],
+    ) -> Measurement:
+        """Start the orders of ``batches`` (one batch per saga of ``sagas``) one per
+        transaction, ``rate`` a second in all, taking one of each batch in turn; wait for
+        all of them."""
+        turns = [
+            (order, saga)
+            for orders in zip(*(batch for _, batch in batches), strict=True)
+            for order, saga in zip(orders, sagas, strict=True)
+        ]
+        before, before_steps = self._scrape_all(), self._steps()
+        started = time.monotonic()
+        with self.system.connect("orders") as conn:
+            for i, (order, saga) in enumerate(turns):
+                time.sleep(max(0.0, started + i / rate - time.monotonic()))
+                with conn.transaction():
+                    saga.start(conn, order, idempotency_key=order.order_id)
+        return self._finished(len(turns), started, before, before_steps)
 
     def place_backlog(self, orders: int) -> None:
         """Start ``orders`` sagas with the orders relay stopped: their first commands wait
