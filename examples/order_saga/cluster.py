@@ -70,6 +70,9 @@ class Cluster:
     gateway_port: int = 0
     #: Relay and consumer processes per service (as if on that many hosts).
     processes: int = 1
+    #: Each consumer runs its service's relay in a thread (``saga consume --relay``)
+    #: instead of a relay process beside it: half the processes.
+    relay_in_consumer: bool = False
     #: How every process reaches the databases: directly, or through a transaction pooler
     #: (its processes then poll: nothing LISTENs through the pooler).
     access: DatabaseAccess = DIRECT
@@ -175,14 +178,17 @@ class Cluster:
     def commands(self) -> list[tuple[str, list[str], dict[str, str]]]:
         """(name, arguments, environment) of every process: the gateway, then for each
         service :attr:`processes` relays and consumers (the first of each named without a
-        number: ``orders-relay``, ``orders``, then ``orders-relay-2``, ``orders-2``...)."""
+        number: ``orders-relay``, ``orders``, then ``orders-relay-2``, ``orders-2``...);
+        with :attr:`relay_in_consumer`, the consumers alone, each relaying too."""
         result = [self.gateway_command()]
+        consume = ["consume", "--relay"] if self.relay_in_consumer else ["consume"]
         for service in self.services:
             for n in range(1, self.processes + 1):
                 suffix = f"-{n}" if n > 1 else ""
-                result.append((f"{service}-relay{suffix}", ["relay"], self.env(service)))
+                if not self.relay_in_consumer:
+                    result.append((f"{service}-relay{suffix}", ["relay"], self.env(service)))
                 result.append(
-                    (f"{service}{suffix}", ["consume", TARGETS[service]], self.env(service))
+                    (f"{service}{suffix}", [*consume, TARGETS[service]], self.env(service))
                 )
         return result
 

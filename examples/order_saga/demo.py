@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -32,9 +34,10 @@ from saga.operations.branches import branches
 
 console = Console()
 WORK_DIR = Path(os.environ.get("SAGA_DEMO_DIR", ".demo"))
-#: What a relay and a consumer write once connected: orders are submitted after that, so
-#: the timelines measure the framework, not how long eight processes take to start.
-READY_LINES = {"relay": "relay connected", "consume": "consuming"}
+#: What a consumer writes once consuming and its relay thread once connected: orders are
+#: submitted after that, so the timelines measure the framework, not how long the
+#: processes take to start.
+READY_LINES = ("consuming", "relay connected")
 
 
 def _fresh_database(server_url: str, name: str) -> str:
@@ -60,11 +63,15 @@ def servers(stack: ExitStack) -> Iterator[tuple[dict[str, str], str, str]]:
         stack.callback(embedded.stop)
         server_url = embedded.admin_url
         where.append(f"embedded PostgreSQL in {embedded.data_dir}")
-    urls = {s: _fresh_database(server_url, f"saga_demo_{s}") for s in SERVICES}
+    names = [f"saga_demo_{s}" for s in SERVICES] + ([] if broker_url else ["saga_demo_broker"])
+    with ThreadPoolExecutor(len(names)) as pool:  # each CREATE DATABASE mostly waits on I/O
+        created = pool.map(partial(_fresh_database, server_url), names)
+        fresh = dict(zip(names, created, strict=True))
+    urls = {s: fresh[f"saga_demo_{s}"] for s in SERVICES}
     if broker_url:
         where.append("broker from SAGA_BROKER_URL")
     else:
-        broker_url = _fresh_database(server_url, "saga_demo_broker")
+        broker_url = fresh["saga_demo_broker"]
         _create_broker_table(broker_url)
         where.append("broker: PostgreSQL (the framework's transport) on the same server")
     yield urls, broker_url, "; ".join(where)
@@ -98,18 +105,24 @@ def run(
     logs.mkdir(exist_ok=True)
     with ExitStack() as stack, servers(stack) as (urls, broker_url, where):
         console.print(f"[bold]order saga demo[/bold]: {where}")
-        system = Cluster(urls, broker_url, extra_env={"ORDER_SAGA_FLAKINESS": str(flakiness)})
+        system = Cluster(
+            urls,
+            broker_url,
+            extra_env={"ORDER_SAGA_FLAKINESS": str(flakiness)},
+            relay_in_consumer=True,
+        )
         with console.status(f"migrating {len(SERVICES)} service databases and seeding them"):
             system.prepare()
         processes = [SagaProcess(args, env, logs, name) for name, args, env in system.commands()]
         stack.callback(_stop, processes)
         with console.status("waiting for the relays and consumers to connect"):
             for process in processes:
-                if process.args[0] in READY_LINES:
-                    process.wait_for_output(READY_LINES[process.args[0]], timeout)
+                if process.args[0] == "consume":
+                    for line in READY_LINES:
+                        process.wait_for_output(line, timeout)
         console.print(
-            f"started {len(processes)} processes (a relay and a consumer per service); "
-            f"logs in {logs}/"
+            f"started {len(processes)} processes (a consumer per service, relaying its "
+            f"outbox too, and the payment gateway); logs in {logs}/"
         )
         batch = workload.make_orders(orders, workload.FailureRates(), seed=int(time.time()))
         with _progress() as progress:

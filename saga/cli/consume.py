@@ -75,6 +75,15 @@ def consume(
             show_default=False,
         ),
     ] = None,
+    with_relay: Annotated[
+        bool,
+        typer.Option(
+            "--relay/--no-relay",
+            help="Also run a relay in this process (a thread, as `saga relay` runs with its "
+            "defaults): one process per service instead of two. Run `saga relay` apart to "
+            "tune it or to scale it on its own.",
+        ),
+    ] = False,
     metrics_port: MetricsPortOption = None,
     heartbeat: HeartbeatOption = None,
     accept_redis_message_loss: AcceptRedisMessageLossOption = False,
@@ -88,9 +97,11 @@ def consume(
     """
     from saga.cli.durations import parse_duration
     from saga.cli.loading import load_service
+    from saga.cli.relay import build_relay
     from saga.consumers.runner import ServiceRunner
     from saga.consumers.worker import ConsumerOptions
     from saga.observability.redaction import redact_url
+    from saga.outbox_relay.background import BackgroundRelay
 
     settings = settings_from(
         database_url,
@@ -109,6 +120,8 @@ def consume(
         )
     service = load_service(target)
     database_url, broker = settings.require_database_url(), broker_config(settings)
+    metrics = serve_metrics(metrics_port, settings)
+    stop = stop_on_signals()
     runner = ServiceRunner(
         service,
         database_url,
@@ -126,14 +139,25 @@ def consume(
             resume_stuck_after=stuck_after,
         ),
         topology(settings, queue_prefix),
-        metrics=serve_metrics(metrics_port, settings),
-        stop_event=stop_on_signals(),
+        metrics=metrics,
+        stop_event=stop,
+    )
+    relay = (
+        BackgroundRelay(build_relay(settings, queue_prefix, metrics), stop) if with_relay else None
     )
     err_console.print(
         foreign(
-            f"consuming {service!r} with {concurrency} worker(s): "
+            f"consuming {service!r} with {concurrency} worker(s)"
+            f"{' and a relay' if relay else ''}: "
             f"database {redact_url(database_url)!r}, {broker!r}"
         ),
         soft_wrap=True,
     )
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        stop.set()
+        if relay is not None:
+            relay.join()
+    if relay is not None and relay.failure is not None:
+        raise relay.failure

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,6 +30,11 @@ from saga.cli.runtime import (
     topology,
 )
 from saga.cli.text import foreign
+from saga.observability.metrics import Metrics
+from saga.settings import Settings
+
+if TYPE_CHECKING:  # loaded when a relay is built, not for every command of the CLI
+    from saga.outbox_relay.relay import Relay, RelayOptions
 
 
 def relay(
@@ -60,29 +66,50 @@ def relay(
     log_format: LogFormatOption = "text",
 ) -> None:
     """Publish committed outbox rows to the broker until SIGTERM (run any number of these)."""
-    from saga.outbox_relay.relay import Relay, RelayOptions
+    from saga.outbox_relay.relay import RelayOptions
 
     settings = settings_from(
         database_url, broker_url, schema, heartbeat, accept_redis_message_loss, queue_type
     )
     setup_logging(settings, log_level, log_format)
-    options = RelayOptions(
-        schema=settings.db_schema,
-        batch_size=batch_size,
-        max_publish_attempts=max_attempts,
-        declare_queues=declare_queues,
-        allow_async_commit=allow_async_commit,
-        prune_interval=seconds_of(prune_interval),
-        signing=settings.key_ring(),
-        database=settings.database_access(),
-    )
-    worker = Relay(
-        settings.require_database_url(),
-        broker_config(settings),
-        options,
-        topology(settings, queue_prefix),
-        metrics=serve_metrics(metrics_port, settings),
+    worker = build_relay(
+        settings,
+        queue_prefix,
+        serve_metrics(metrics_port, settings),
+        RelayOptions(
+            batch_size=batch_size,
+            max_publish_attempts=max_attempts,
+            declare_queues=declare_queues,
+            allow_async_commit=allow_async_commit,
+            prune_interval=seconds_of(prune_interval),
+        ),
     )
     stop = stop_on_signals()
     err_console.print(foreign(f"relay started: {worker!r}"), soft_wrap=True)
     worker.run(stop)
+
+
+def build_relay(
+    settings: Settings,
+    queue_prefix: str,
+    metrics: Metrics | None,
+    tuning: RelayOptions | None = None,
+) -> Relay:
+    """A relay for the database and broker of ``settings``: ``tuning``'s knobs (the
+    defaults when None) with the schema, signing keys and database access of ``settings``.
+    ``saga relay`` runs one as its process; ``saga consume --relay`` beside its workers."""
+    from saga.outbox_relay.relay import Relay, RelayOptions
+
+    options = replace(
+        tuning or RelayOptions(),
+        schema=settings.db_schema,
+        signing=settings.key_ring(),
+        database=settings.database_access(),
+    )
+    return Relay(
+        settings.require_database_url(),
+        broker_config(settings),
+        options,
+        topology(settings, queue_prefix),
+        metrics=metrics,
+    )

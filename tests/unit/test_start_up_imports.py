@@ -1,5 +1,5 @@
 """What a process pays at start: the ``saga`` command imports no broker client library
-it does not use (13 processes start at once in the demo, each paying every import)."""
+it does not use (every process of the demo starts at once, each paying every import)."""
 
 from __future__ import annotations
 
