@@ -7,6 +7,12 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: install demo check test lint unit bench profile chaos clean
 
+# The project's own bytecode, written before the demo and the tests start their processes,
+# so that each of them reads it instead of compiling every module again: a wheel install
+# gets it from pip, an editable one does not, and PYTHONDONTWRITEBYTECODE (set on some CI
+# machines) stops Python from keeping what it compiled. Only changed modules are compiled.
+PRECOMPILE := $(BIN)/python -m compileall -q -j 0 saga consumers outbox_relay examples tests bench
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -16,6 +22,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(PRECOMPILE)
 	$(BIN)/saga demo
 
 lint: $(STAMP)
@@ -26,11 +33,13 @@ lint: $(STAMP)
 # The inner loop: lint, mypy and the tests that need no server or only PostgreSQL, except
 # the slow ones. A missing PostgreSQL stops it at once.
 check: lint
+	$(PRECOMPILE)
 	$(BIN)/pytest -m "not slow and not rabbitmq and not redis" --require-server postgres \
 		--durations=15
 
 # Everything (what CI runs), then the 15 slowest tests.
 test: lint
+	$(PRECOMPILE)
 	$(BIN)/pytest --durations=15
 
 unit: $(STAMP)
@@ -41,15 +50,18 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
+	$(PRECOMPILE)
 	$(BIN)/python -m bench.run
 
 # CPU per saga of every process at full load; add stacks: make profile PROFILE_ARGS="--py-spy orders"
 profile: $(BENCH_STAMP)
+	$(PRECOMPILE)
 	$(BIN)/python -m bench.profile $(PROFILE_ARGS)
 
 # A few minutes of faults against the example (restarts local PostgreSQL and RabbitMQ).
 # Longer: make chaos CHAOS_ARGS="--sagas 3000 --duration 900"
 chaos: $(STAMP)
+	$(PRECOMPILE)
 	$(BIN)/python -m tests.rig.chaos --save $(CHAOS_ARGS)
 
 clean:
