@@ -69,10 +69,9 @@ def order_saga(*, cap: int = 2, retry: StepRetry | None = None) -> Saga[Order]:
     return saga
 
 
-def reserving(*skus: str) -> SagaScenario:
+def reserving(*skus: str, retry: StepRetry | None = None) -> SagaScenario:
     """A saga whose order was created: at the group, its first items and credit out."""
-    order = lines(*skus)
-    scenario = SagaScenario(order_saga(), order)
+    scenario = SagaScenario(order_saga(retry=retry), lines(*skus))
     scenario.expect_command("orders", CreateOrder()).reply(Reserved())
     scenario.run_until_idle()
     return scenario
@@ -184,10 +183,7 @@ def test_a_sibling_failing_while_items_are_out_undoes_only_the_items_that_succee
 
 
 def test_an_item_succeeding_after_the_fan_outs_compensation_is_undone_alone_and_awaited() -> None:
-    order = lines(*"abc")
-    scenario = SagaScenario(order_saga(retry=StepRetry(attempts=2)), order)
-    scenario.expect_command("orders", CreateOrder()).reply(Reserved())
-    scenario.run_until_idle()
+    scenario = reserving("a", "b", "c", retry=StepRetry(attempts=2))
     scenario.answer(reserve(scenario, "a"), Reserved(reference="ra"))  # c leaves now
     scenario.run_until_idle()
     scenario.expect_command("customers", ReserveCredit()).fail("no credit")
@@ -248,9 +244,7 @@ def test_an_item_succeeding_late_before_the_fan_outs_turn_is_undone_with_the_oth
 def charge_failing(*skus: str, retry: StepRetry | None = None) -> SagaScenario:
     """A saga whose group succeeded, the fan-out last, and whose charge then failed: the
     fan-out member is undoing its items."""
-    order = lines(*skus)
-    scenario = SagaScenario(order_saga(retry=retry), order)
-    scenario.expect_command("orders", CreateOrder()).reply(Reserved())
+    scenario = reserving(*skus, retry=retry)
     scenario.expect_command("customers", ReserveCredit()).reply(Reserved(reference="cr"))
     scenario.on("stock", ReserveLine, Reserved(reference="r"))
     scenario.expect_command("payments", CreateOrder()).fail("declined")
