@@ -189,13 +189,6 @@ class Published:
 
 
 @pytest.fixture
-def pg_broker(pg_broker_url: str) -> Iterator[TestBroker]:
-    broker = TestBroker(pg_broker_url, "postgres")
-    yield broker
-    broker.cleanup()
-
-
-@pytest.fixture
 def signing_consumer(db: TestDatabase, pg_broker: TestBroker) -> Iterator[ServiceRunner]:
     db.execute(EFFECTS_DDL)
     with running_service(

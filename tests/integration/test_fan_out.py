@@ -15,9 +15,9 @@ from pydantic import BaseModel
 from saga import HandlerContext, RetryPolicy, Saga, SagaRegistry, Service, StepFailed, Tx
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase
+from tests.support.instances import settled, start
 from tests.support.running import saga_system_running
 from tests.support.services import EFFECTS_DDL, record_effect
-from tests.support.wait import wait_until
 
 ITEMS = 1_000
 
@@ -120,16 +120,6 @@ def lines(count: int) -> list[Line]:
     return [Line(sku=f"sku-{n:04d}") for n in range(count)]
 
 
-def start(db: TestDatabase, data: Order) -> UUID:
-    with db.connect(autocommit=False) as conn, conn.transaction():
-        return order.start(conn, data)
-
-
-def settled(db: TestDatabase, saga_id: UUID, status: str) -> None:
-    query = "SELECT status FROM saga.saga_instances WHERE id = %s"
-    wait_until(lambda: db.scalar(query, (saga_id,)) == status, timeout=600, what=status)
-
-
 def effects(db: TestDatabase, kind: str) -> Counter[str]:
     rows = db.rows("SELECT key FROM public.effects WHERE kind = %s", (kind,))
     return Counter(r[0] for r in rows)
@@ -141,8 +131,8 @@ def test_a_thousand_items_complete_then_are_released_once_each_when_a_later_step
 ) -> None:
     data = Order(order_id="o1", lines=lines(ITEMS), confirm_fails=True)
     with saga_system_running(db, shared_event_broker, registry, stock):
-        saga_id = start(db, data)
-        settled(db, saga_id, "compensated")
+        saga_id = start(db, order, data)
+        settled(db, saga_id, "compensated", timeout=600)
     every = Counter(line.sku for line in data.lines)
     assert effects(db, "reserve") == every
     assert effects(db, "release") == every
@@ -156,8 +146,8 @@ def test_a_failed_item_releases_exactly_the_items_that_took_effect(
 ) -> None:
     data = Order(order_id="o2", lines=lines(200), fail_sku="sku-0150")
     with saga_system_running(db, shared_event_broker, registry, stock):
-        saga_id = start(db, data)
-        settled(db, saga_id, "compensated")
+        saga_id = start(db, order, data)
+        settled(db, saga_id, "compensated", timeout=600)
     reserved = effects(db, "reserve")
     assert 0 < len(reserved) < 200 and "sku-0150" not in reserved
     assert set(reserved.values()) == {1}
@@ -172,8 +162,8 @@ def test_compensation_retries_each_failing_release_on_its_own_and_releases_every
 ) -> None:
     data = Order(order_id="o3", lines=lines(120), confirm_fails=True, release_fails_once_every=7)
     with saga_system_running(db, shared_event_broker, registry, stock):
-        saga_id = start(db, data)
-        settled(db, saga_id, "compensated")
+        saga_id = start(db, order, data)
+        settled(db, saga_id, "compensated", timeout=600)
     every = Counter(line.sku for line in data.lines)
     assert effects(db, "release") == every
     failed = db.scalar(

@@ -26,6 +26,7 @@ from saga.engine.state import waiting_on
 from tests.support.brokers import TestBroker
 from tests.support.cli import saga_cli
 from tests.support.databases import TestDatabase
+from tests.support.instances import settled, start
 from tests.support.running import saga_system_running
 from tests.support.services import EFFECTS_DDL, record_effect
 from tests.support.wait import wait_until
@@ -155,16 +156,6 @@ def _effects_table(db: TestDatabase) -> None:
     db.execute(EFFECTS_DDL)
 
 
-def start(db: TestDatabase, data: Order) -> UUID:
-    with db.connect(autocommit=False) as conn, conn.transaction():
-        return order.start(conn, data)
-
-
-def settled(db: TestDatabase, saga_id: UUID, status: str) -> None:
-    query = "SELECT status FROM saga.saga_instances WHERE id = %s"
-    wait_until(lambda: db.scalar(query, (saga_id,)) == status, timeout=30, what=status)
-
-
 def members_out(db: TestDatabase, saga_id: UUID) -> list[str]:
     query = "SELECT step, step_state FROM saga.saga_instances WHERE id = %s"
     (row,) = db.rows(query, (saga_id,))
@@ -184,7 +175,7 @@ def test_the_group_completes_once_every_member_answered(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
     with saga_system_running(db, shared_event_broker, registry, stores):
-        saga_id = start(db, Order(order_id="o1"))
+        saga_id = start(db, order, Order(order_id="o1"))
         settled(db, saga_id, "completed")
     assert effects(db) == Counter(open=1, stock=1, credit=1, note=1, confirm=1)
     data = db.scalar("SELECT data FROM saga.saga_instances WHERE id = %s", (saga_id,))
@@ -200,7 +191,7 @@ def test_a_failed_member_undoes_its_siblings_and_the_steps_before_once_each(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
     with saga_system_running(db, shared_event_broker, registry, stores):
-        saga_id = start(db, Order(order_id="o2", credit_fails=True))
+        saga_id = start(db, order, Order(order_id="o2", credit_fails=True))
         settled(db, saga_id, "compensated")
         # the stock reservation may answer after the failure: its late success is undone
         wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
@@ -213,7 +204,7 @@ def test_a_member_answering_after_the_saga_compensated_is_undone_its_release_ret
     data = Order(order_id="o9", credit_fails=True, stock_late=True, release_refusals=1)
     undone = ("reserve_stock", "compensation", "succeeded")
     with saga_system_running(db, shared_event_broker, registry, stores):
-        saga_id = start(db, data)
+        saga_id = start(db, order, data)
         wait_until(lambda: undone in timeline(db, saga_id), timeout=30, what="stock released")
     assert effects(db) == Counter(open=1, note=1, stock=1, release_stock=1, close=1)
     assert timeline(db, saga_id)[-3:] == [
@@ -230,7 +221,7 @@ def test_a_late_members_release_refused_until_its_retries_are_spent_waits_for_a_
 ) -> None:
     data = Order(order_id="o10", credit_fails=True, stock_late=True, release_refusals=2)
     with saga_system_running(db, shared_event_broker, registry, stores):
-        saga_id = start(db, data)
+        saga_id = start(db, order, data)
         settled(db, saga_id, "compensation_failed")
         listed = saga_cli(db.url, "list", "--status", "compensation_failed", "--json")
         [stopped] = json.loads(listed.stdout)
@@ -250,7 +241,7 @@ def test_a_late_members_release_refused_until_its_retries_are_spent_waits_for_a_
 def test_saga_list_and_stats_name_every_member_still_out(db: TestDatabase) -> None:
     with db.connect() as conn:
         registry.check_versions(conn)  # records the shape, as a connecting consumer does
-    saga_id = start(db, Order(order_id="o3"))  # no participant runs: both members stay out
+    saga_id = start(db, order, Order(order_id="o3"))  # no participant runs: both members stay out
 
     listed = json.loads(saga_cli(db.url, "list", "--json").stdout)
     assert [(s["step"], s["waiting_on"]) for s in listed] == [
@@ -268,7 +259,7 @@ def test_saga_show_draws_the_members_as_one_group(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
     with saga_system_running(db, shared_event_broker, registry, stores):
-        saga_id = start(db, Order(order_id="o4"))
+        saga_id = start(db, order, Order(order_id="o4"))
         settled(db, saga_id, "completed")
 
     shown = json.loads(saga_cli(db.url, "show", str(saga_id), "--json").stdout)
@@ -290,7 +281,7 @@ def test_saga_show_draws_the_members_as_one_group(
 def test_saga_resume_sends_again_only_the_member_still_out(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
-    saga_id = start(db, Order(order_id="o5"))
+    saga_id = start(db, order, Order(order_id="o5"))
     db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
     with saga_system_running(db, shared_event_broker, registry, stores):
         wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
@@ -306,7 +297,7 @@ def test_saga_resume_sends_again_only_the_member_still_out(
 def test_saga_cancel_at_a_group_compensates_every_member_once_all_have_answered(
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
-    saga_id = start(db, Order(order_id="o6"))
+    saga_id = start(db, order, Order(order_id="o6"))
     db.execute("DELETE FROM saga.outbox WHERE message_type = 'ReserveCredit'")  # lost on the way
     with saga_system_running(db, shared_event_broker, registry, stores):
         wait_until(lambda: members_out(db, saga_id) == ["reserve_credit"], 30, what="stock in")
@@ -326,7 +317,7 @@ def test_a_dead_lettered_member_compensates_and_its_replay_is_refused_as_superse
     db: TestDatabase, shared_event_broker: TestBroker
 ) -> None:
     with saga_system_running(db, shared_event_broker, registry, stores):
-        saga_id = start(db, Order(order_id="o7", credit_breaks=True))
+        saga_id = start(db, order, Order(order_id="o7", credit_breaks=True))
         settled(db, saga_id, "compensated")
         wait_until(lambda: effects(db)["release_stock"] == 1, timeout=30, what="stock released")
         (letter,) = json.loads(saga_cli(db.url, "dlq", "list", "--json").stdout)

@@ -22,13 +22,6 @@ from tests.support.databases import TestDatabase
 from tests.support.wait import wait_until
 
 
-@pytest.fixture
-def pg_broker(pg_broker_url: str) -> Iterator[TestBroker]:
-    broker = TestBroker(pg_broker_url, "postgres")
-    yield broker
-    broker.cleanup()
-
-
 @contextmanager
 def held_snapshot(url: str, application: str) -> Iterator[int]:
     """A session ``idle in transaction`` holding a snapshot, as a forgotten psql window

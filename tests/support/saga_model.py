@@ -1,5 +1,8 @@
-"""The reference model of the transition model tests (tests/unit/test_transition_model.py).
+"""What the model-based tests of sagas share (tests/unit/test_*_model.py).
 
+The generated sagas' data and messages (:class:`Data`, :class:`Command`, :class:`Undo`) and
+how the model's participant answers (:func:`model_reply`, :func:`reply_envelope`), so the
+models of transitions, parallel groups and fan-outs play the same world.
 :class:`Reference` says what must be undone, in what order; :class:`MemorySteps` runs local
 steps as the orchestrator's savepoint runner does, and :class:`MemoryEventWaits` keeps early
 events as ``saga.early_events`` does, both without a database.
@@ -19,6 +22,44 @@ from saga.engine.definition import LocalAction
 from saga.engine.event_waits import EarlyEvent, EventWaits
 from saga.engine.transition_results import LocalOutcome
 from saga.errors import StepFailed
+from saga.messaging.control import Ack, FailureReply
+from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
+
+HOME = "home"
+SAGA_ID = UUID(int=1)
+
+
+class Data(BaseModel):
+    order: str = "o-1"
+
+
+class Command(BaseModel):
+    step: str
+
+
+class Undo(BaseModel):
+    step: str
+
+
+def model_reply(request: Envelope, outcome: str) -> BaseModel:
+    """The participant's answer to ``request`` when drawn ``outcome``: an ack for "ok", else
+    a failure (a business failure, or one with ``outcome`` as its code)."""
+    if outcome == "ok":
+        return Ack()
+    code = None if outcome == "failed" else outcome
+    return FailureReply(reason=f"{outcome} by the model", code=code, failed_type=request.type)
+
+
+def reply_envelope(request: Envelope, reply: BaseModel, message_id: UUID) -> Envelope:
+    """A participant's answer to ``request``: it names the request's step, as replies do."""
+    headers = {k: v for k in (STEP_HEADER, COMPENSATES_HEADER) if (v := request.headers.get(k))}
+    return Envelope.wrap(
+        reply,
+        message_id=message_id,
+        saga_id=SAGA_ID,
+        causation_id=request.message_id,
+        headers=headers,
+    )
 
 
 class MemorySteps:

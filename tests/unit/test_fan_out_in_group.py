@@ -20,24 +20,13 @@ from saga.messaging.control import DEAD_LETTERED, FailureReply
 from saga.messaging.envelope import COMPENSATES_HEADER
 from saga.testing import SagaScenario
 from saga.testing.messages import Message
-
-
-class Line(BaseModel):
-    sku: str
-    qty: int
-
-
-class Order(BaseModel):
-    lines: list[Line] = []
-    reserved: dict[str, str] = {}
-    credit: str | None = None
+from tests.support.group_order import Reserved
+from tests.support.order_lines import CancelOrder, CreateOrder, Order, ReleaseLine, lines
 
 
 class ReserveLine(BaseModel):
-    sku: str
+    """Only the sku: these tests match its payload to ``{"sku": ...}``."""
 
-
-class ReleaseLine(BaseModel):
     sku: str
 
 
@@ -46,18 +35,6 @@ class ReserveCredit(BaseModel):
 
 
 class ReleaseCredit(BaseModel):
-    pass
-
-
-class Reserved(BaseModel):
-    reference: str = ""
-
-
-class CreateOrder(BaseModel):
-    pass
-
-
-class CancelOrder(BaseModel):
     pass
 
 
@@ -92,10 +69,9 @@ def order_saga(*, cap: int = 2, retry: StepRetry | None = None) -> Saga[Order]:
     return saga
 
 
-def reserving(*skus: str) -> SagaScenario:
+def reserving(*skus: str, retry: StepRetry | None = None) -> SagaScenario:
     """A saga whose order was created: at the group, its first items and credit out."""
-    order = Order(lines=[Line(sku=s, qty=1) for s in skus])
-    scenario = SagaScenario(order_saga(), order)
+    scenario = SagaScenario(order_saga(retry=retry), lines(*skus))
     scenario.expect_command("orders", CreateOrder()).reply(Reserved())
     scenario.run_until_idle()
     return scenario
@@ -207,10 +183,7 @@ def test_a_sibling_failing_while_items_are_out_undoes_only_the_items_that_succee
 
 
 def test_an_item_succeeding_after_the_fan_outs_compensation_is_undone_alone_and_awaited() -> None:
-    order = Order(lines=[Line(sku=s, qty=1) for s in "abc"])
-    scenario = SagaScenario(order_saga(retry=StepRetry(attempts=2)), order)
-    scenario.expect_command("orders", CreateOrder()).reply(Reserved())
-    scenario.run_until_idle()
+    scenario = reserving("a", "b", "c", retry=StepRetry(attempts=2))
     scenario.answer(reserve(scenario, "a"), Reserved(reference="ra"))  # c leaves now
     scenario.run_until_idle()
     scenario.expect_command("customers", ReserveCredit()).fail("no credit")
@@ -271,9 +244,7 @@ def test_an_item_succeeding_late_before_the_fan_outs_turn_is_undone_with_the_oth
 def charge_failing(*skus: str, retry: StepRetry | None = None) -> SagaScenario:
     """A saga whose group succeeded, the fan-out last, and whose charge then failed: the
     fan-out member is undoing its items."""
-    order = Order(lines=[Line(sku=s, qty=1) for s in skus])
-    scenario = SagaScenario(order_saga(retry=retry), order)
-    scenario.expect_command("orders", CreateOrder()).reply(Reserved())
+    scenario = reserving(*skus, retry=retry)
     scenario.expect_command("customers", ReserveCredit()).reply(Reserved(reference="cr"))
     scenario.on("stock", ReserveLine, Reserved(reference="r"))
     scenario.expect_command("payments", CreateOrder()).fail("declined")
@@ -346,7 +317,7 @@ def test_a_fan_out_before_the_group_undoes_its_items_beside_a_members_items_stil
                       compensate=lambda d, line: ReleaseLine(sku=line.sku),
                       key=lambda line: line.sku)  # fmt: skip
         saga.remote("reserve_credit", service="customers", command=ReserveCredit)
-    scenario = SagaScenario(saga, Order(lines=[Line(sku="a", qty=1), Line(sku="b", qty=1)]))
+    scenario = SagaScenario(saga, lines("a", "b"))
     scenario.on("holds", ReserveLine, Reserved())
     scenario.expect_command("customers", ReserveCredit()).fail("no credit")
     scenario.run_until_idle()
@@ -417,7 +388,7 @@ def test_items_that_are_not_a_list_fail_the_group_and_the_sibling_sent_is_undone
                     compensate=ReleaseCredit)  # fmt: skip
         saga.for_each("reserve_lines", items=lambda d: len(d.lines), service="stock",
                       command=lambda d, line: ReserveLine(sku="x"))  # fmt: skip
-    scenario = SagaScenario(saga, Order(lines=[Line(sku="a", qty=1)]))
+    scenario = SagaScenario(saga, lines("a"))
     scenario.expect_command("orders", CreateOrder()).reply(Reserved())
     scenario.expect_command("orders", CancelOrder()).reply(Reserved())
     scenario.run_until_idle()

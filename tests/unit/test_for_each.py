@@ -17,16 +17,7 @@ from saga.errors import ConfigurationError
 from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER
 from saga.testing import SagaScenario
 from saga.testing.messages import Message
-
-
-class Line(BaseModel):
-    sku: str
-    qty: int
-
-
-class Order(BaseModel):
-    lines: list[Line] = []
-    reserved: dict[str, str] = {}
+from tests.support.order_lines import CancelOrder, CreateOrder, Order, ReleaseLine, lines
 
 
 class ReserveLine(BaseModel):
@@ -38,19 +29,8 @@ class LineReserved(BaseModel):
     reservation: str
 
 
-class ReleaseLine(BaseModel):
-    sku: str
-
-
-class CreateOrder(BaseModel):
-    pass
-
-
-class CancelOrder(BaseModel):
-    pass
-
-
-def order_saga(*, cap: int = 2, retry: StepRetry | None = None) -> Saga[Order]:
+def order_saga(*, cap: int = 2, retry: StepRetry | None = None, keyed: bool = True) -> Saga[Order]:
+    """Create the order, then reserve its lines; ``keyed``: each line's key is its sku."""
     saga = Saga("order", data=Order, retry=retry or StepRetry())
     saga.remote("create", service="orders", command=CreateOrder, compensate=CancelOrder)
     saga.for_each(
@@ -64,14 +44,10 @@ def order_saga(*, cap: int = 2, retry: StepRetry | None = None) -> Saga[Order]:
         ),
         compensate=lambda d, line: ReleaseLine(sku=line.sku),
         max_in_flight=cap,
-        key=lambda line: line.sku,
+        key=(lambda line: line.sku) if keyed else None,
     )
     saga.validate()
     return saga
-
-
-def lines(*skus: str) -> Order:
-    return Order(lines=[Line(sku=s, qty=1) for s in skus])
 
 
 def created(skus: tuple[str, ...], *, cap: int = 2) -> SagaScenario:
@@ -169,10 +145,10 @@ def released_sku(message: Message) -> str:
     return str(message.payload["sku"])
 
 
-def compensating(
-    skus: tuple[str, ...], *, cap: int, retry: StepRetry | None = None
+def charge_declined(
+    skus: tuple[str, ...], *, cap: int = 2, retry: StepRetry | None = None
 ) -> SagaScenario:
-    """Every item reserved, then a later step fails: every item is to be undone."""
+    """Every item reserved, then a later step fails; the scenario is not run on from there."""
     saga = order_saga(cap=cap, retry=retry)
     saga.remote("charge", service="payments", command=CreateOrder)
     scenario = SagaScenario(saga, lines(*skus))
@@ -180,6 +156,14 @@ def compensating(
     scenario.on("orders", CancelOrder, LineReserved(reservation=""))
     scenario.on("stock", ReserveLine, LineReserved(reservation="r"))
     scenario.expect_command("payments", CreateOrder()).fail("declined")
+    return scenario
+
+
+def compensating(
+    skus: tuple[str, ...], *, cap: int, retry: StepRetry | None = None
+) -> SagaScenario:
+    """Every item reserved, then a later step fails: every item is to be undone."""
+    scenario = charge_declined(skus, cap=cap, retry=retry)
     scenario.run_until_idle()
     assert scenario.status == "compensating"
     return scenario
@@ -268,14 +252,8 @@ def test_giving_up_on_an_item_compensation_leaves_the_rest_to_a_resume() -> None
 
 
 def test_a_later_failure_undoes_every_item_of_a_completed_fan_out() -> None:
-    saga = order_saga()
-    saga.remote("charge", service="payments", command=CreateOrder)
-    scenario = SagaScenario(saga, lines("a", "b"))
-    scenario.on("orders", CreateOrder, LineReserved(reservation="o"))
-    scenario.on("orders", CancelOrder, LineReserved(reservation=""))
-    scenario.on("stock", ReserveLine, LineReserved(reservation="r"))
+    scenario = charge_declined(("a", "b"))
     scenario.on("stock", ReleaseLine, LineReserved(reservation=""))
-    scenario.expect_command("payments", CreateOrder()).fail("declined")
     scenario.run_until_idle()
     assert scenario.status == "compensated"
     releases = [m.payload["sku"] for m in scenario.sent_to("stock") if "sku" in m.payload
@@ -354,16 +332,7 @@ def test_a_fan_out_after_the_pivot_is_refused() -> None:
 
 def test_the_fingerprint_includes_the_fan_out_shape() -> None:
     keyed = order_saga()
-    unkeyed = Saga("order", data=Order)
-    unkeyed.remote("create", service="orders", command=CreateOrder, compensate=CancelOrder)
-    unkeyed.for_each(
-        "reserve_lines",
-        items=lambda d: d.lines,
-        service="stock",
-        command=lambda d, line: ReserveLine(sku=line.sku, qty=line.qty),
-        reply=LineReserved,
-        compensate=lambda d, line: ReleaseLine(sku=line.sku),
-    )
+    unkeyed = order_saga(keyed=False)
     assert shape(keyed)[1]["kind"] == "for_each"
     assert fingerprint(shape(keyed)) != fingerprint(shape(unkeyed))  # the key= identity
 

@@ -29,18 +29,10 @@ from hypothesis.stateful import initialize, rule
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, RETRY
 from saga.engine.staleness import awaits
-from saga.engine.state import SagaRecord
 from saga.engine.transitions import Transition
 from saga.messaging.envelope import COMPENSATES_HEADER, IDEMPOTENCY_KEY_HEADER, Envelope
-from tests.unit.test_parallel_model import (
-    HOME,
-    SAGA_ID,
-    Command,
-    Data,
-    GroupMachine,
-    Member,
-    Undo,
-)
+from tests.support.saga_model import SAGA_ID, Command, Data, Undo
+from tests.unit.test_parallel_model import GroupMachine, Member
 
 
 @dataclass(frozen=True)
@@ -170,12 +162,7 @@ class FanOutMachine(GroupMachine):
         items = {key(f"fan:{n}:i{n}") for n in range(shape.items)} if shape.compensated else set()
         members = {key(m.name) for m in shape.group if m.compensated}
         self.compensated = items | members | {key("before"), key("after")}
-        self.saga = self.build_fan_out(shape)
-        self.saga.validate()
-        self.record = SagaRecord.new(SAGA_ID, "model", 1, HOME, Data().model_dump())
-        run = self.transition(None)
-        run.advance(0)
-        self.commit(run)
+        self.begin(self.build_fan_out(shape))
 
 
 TestFanOutModel = FanOutMachine.TestCase

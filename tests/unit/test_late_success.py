@@ -11,50 +11,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel
-
 from saga import Saga, StepRetry
-from saga.testing import SagaScenario
+from saga.testing import PendingCommand, SagaScenario
+from tests.support.group_order import Order, Release, Reserve, Reserved, order_saga
 
 
-class Order(BaseModel):
-    credit: str | None = None
-
-
-class Reserve(BaseModel):
-    what: str
-
-
-class Reserved(BaseModel):
-    reference: str
-
-
-class Release(BaseModel):
-    what: str
-    reference: str | None = None
-
-
-def order_saga() -> Saga[Order]:
-    """An order, then stock and credit reserved at once; a compensation is tried 3 times,
-    1 s then 2 s apart."""
-    saga = Saga("order", data=Order, retry=StepRetry(attempts=3, initial_delay=1.0))
-    saga.remote("create", service="orders", command=lambda d: Reserve(what="order"),
-                compensate=lambda d: Release(what="order"))  # fmt: skip
-    with saga.parallel("reserve"):
-        saga.remote(
-            "reserve_stock",
-            service="inventory",
-            command=lambda d: Reserve(what="stock"),
-            compensate=lambda d: Release(what="stock"),
-        )
-        saga.remote(
-            "reserve_credit",
-            service="customers",
-            command=lambda d: Reserve(what="credit"),
-            reply=Reserved,
-            on_reply=lambda d, r: d.model_copy(update={"credit": r.reference}),
-            compensate=lambda d: Release(what="credit", reference=d.credit),
-        )
+def order_saga_retried() -> Saga[Order]:
+    """The group's order saga whose compensations are tried 3 times, 1 s then 2 s apart."""
+    saga = order_saga(retry=StepRetry(attempts=3, initial_delay=1.0))
     saga.validate()
     return saga
 
@@ -62,12 +26,18 @@ def order_saga() -> Saga[Order]:
 RELEASE_CREDIT = Release(what="credit", reference="c-1")
 
 
-def credit_answering_late() -> SagaScenario:
-    """A saga compensated while its credit reservation was out, which then succeeds."""
-    s = SagaScenario(order_saga(), Order())
+def stock_failing() -> tuple[SagaScenario, PendingCommand]:
+    """A saga whose order was created and whose stock reservation failed, with its credit
+    reservation, still unanswered."""
+    s = SagaScenario(order_saga_retried(), Order())
     s.expect_command("orders").reply()
     s.expect_command("inventory", Reserve(what="stock")).fail("out of stock")
-    credit = s.expect_command("customers", Reserve(what="credit"))
+    return s, s.expect_command("customers", Reserve(what="credit"))
+
+
+def credit_answering_late() -> SagaScenario:
+    """A saga compensated while its credit reservation was out, which then succeeds."""
+    s, credit = stock_failing()
     s.expect_command("orders", Release(what="order")).reply()
     s.run_until_idle()
     assert s.status == "compensated"
@@ -117,10 +87,7 @@ def test_a_late_compensation_given_up_on_stops_the_saga_until_a_resume() -> None
 
 
 def test_a_late_success_while_compensating_is_undone_after_the_step_being_undone() -> None:
-    s = SagaScenario(order_saga(), Order())
-    s.expect_command("orders").reply()
-    s.expect_command("inventory", Reserve(what="stock")).fail("out of stock")
-    credit = s.expect_command("customers", Reserve(what="credit"))
+    s, credit = stock_failing()
     release_order = s.expect_command("orders", Release(what="order"))
     credit.reply(Reserved(reference="c-1"))  # while the order's release is out
     s.run_until_idle()
@@ -149,10 +116,7 @@ def test_a_second_copy_of_the_late_success_sends_nothing_more() -> None:
 
 
 def test_a_late_success_while_stopped_at_a_failed_compensation_is_undone_on_resume() -> None:
-    s = SagaScenario(order_saga(), Order())
-    s.expect_command("orders").reply()
-    s.expect_command("inventory", Reserve(what="stock")).fail("out of stock")
-    credit = s.expect_command("customers", Reserve(what="credit"))
+    s, credit = stock_failing()
     for delay in (0, 1, 2):
         s.advance(timedelta(seconds=delay))
         s.expect_command("orders", Release(what="order")).fail("orders down")

@@ -17,53 +17,11 @@ from saga.errors import ConfigurationError
 from saga.messaging.control import Ack, FailureReply
 from saga.messaging.envelope import COMPENSATES_HEADER, STEP_HEADER, Envelope
 from saga.testing import SagaScenario
+from tests.support.group_order import Order, Reserve, Reserved, order_saga
 from tests.support.saga_model import MemorySteps
 
 SAGA_ID = UUID(int=1)
 AT = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-class Order(BaseModel):
-    stock: str | None = None
-    credit: str | None = None
-
-
-class Reserve(BaseModel):
-    what: str
-
-
-class Reserved(BaseModel):
-    reference: str
-
-
-class Release(BaseModel):
-    what: str
-
-
-def order_saga(*, pivot: bool = False) -> Saga[Order]:
-    saga = Saga("order", data=Order)
-    saga.remote("create", service="orders", command=lambda d: Reserve(what="order"),
-                compensate=lambda d: Release(what="order"))  # fmt: skip
-    with saga.parallel("reserve"):
-        saga.remote(
-            "reserve_stock",
-            service="inventory",
-            command=lambda d: Reserve(what="stock"),
-            reply=Reserved,
-            on_reply=lambda d, r: d.model_copy(update={"stock": r.reference}),
-            compensate=lambda d: Release(what="stock"),
-        )
-        saga.remote(
-            "reserve_credit",
-            service="customers",
-            command=lambda d: Reserve(what="credit"),
-            reply=Reserved,
-            on_reply=lambda d, r: d.model_copy(update={"credit": r.reference}),
-            compensate=lambda d: Release(what="credit"),
-            pivot=pivot,
-        )
-    saga.remote("charge", service="payments", command=lambda d: Reserve(what="charge"))
-    return saga
 
 
 class Run:

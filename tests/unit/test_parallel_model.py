@@ -28,7 +28,6 @@ from uuid import UUID
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
-from pydantic import BaseModel
 
 from saga import Saga, StepRetry
 from saga.engine.definition import COMPENSATE, RETRY
@@ -36,7 +35,7 @@ from saga.engine.staleness import awaits, awaits_reply, deadline_applies, may_un
 from saga.engine.state import SagaRecord, SagaStatus
 from saga.engine.transitions import Transition
 from saga.errors import StepFailed
-from saga.messaging.control import DEAD_LETTERED, Ack, FailureReply, StepDeadline, StepTimer
+from saga.messaging.control import DEAD_LETTERED, FailureReply, StepDeadline, StepTimer
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
@@ -44,25 +43,20 @@ from saga.messaging.envelope import (
     Envelope,
     message_type_of,
 )
-from tests.support.saga_model import MemorySteps
+from tests.support.saga_model import (
+    HOME,
+    SAGA_ID,
+    Command,
+    Data,
+    MemorySteps,
+    Undo,
+    model_reply,
+    reply_envelope,
+)
 
-HOME = "home"
-SAGA_ID = UUID(int=1)
 OUTCOMES = ["ok", "failed", DEAD_LETTERED]
 DEADLINE = message_type_of(StepDeadline)
 TIMER = message_type_of(StepTimer)
-
-
-class Data(BaseModel):
-    order: str = "o-1"
-
-
-class Command(BaseModel):
-    step: str
-
-
-class Undo(BaseModel):
-    step: str
 
 
 @dataclass(frozen=True)
@@ -208,8 +202,12 @@ class GroupMachine(RuleBasedStateMachine):
     def start(self, shape: Shape) -> None:
         self.shape = shape
         self.compensated = {m.name for m in shape.members if m.compensated} | {"before", "after"}
-        self.saga = self.build(shape)
-        self.saga.validate()
+        self.begin(self.build(shape))
+
+    def begin(self, saga: Saga[Data]) -> None:
+        """Start one instance of ``saga``: its first transition sends what it begins with."""
+        saga.validate()
+        self.saga = saga
         self.record = SagaRecord.new(SAGA_ID, "model", 1, HOME, Data().model_dump())
         run = self.transition(None)
         run.advance(0)
@@ -237,18 +235,8 @@ class GroupMachine(RuleBasedStateMachine):
                 self.took_effect.append(step)
             elif first and outcome == DEAD_LETTERED:
                 self.in_doubt.add(step)
-        reply: BaseModel = Ack()
-        if outcome != "ok":
-            code = None if outcome == "failed" else outcome
-            reply = FailureReply(reason=f"{outcome} by the model", code=code, failed_type="x")
-        headers = {k: v for k in (STEP_HEADER, COMPENSATES_HEADER) if (v := request.headers.get(k))}
-        envelope = Envelope.wrap(
-            reply,
-            message_id=self.new_id(),
-            saga_id=SAGA_ID,
-            causation_id=request.message_id,
-            headers=headers,
-        )
+        reply = model_reply(request, outcome)
+        envelope = reply_envelope(request, reply, self.new_id())
         if not awaits_reply(self.record, envelope):
             if may_undo(reply, envelope):
                 run = self.transition(envelope)

@@ -60,7 +60,6 @@ from saga.messaging.control import (
     DEAD_LETTERED,
     PURGED,
     STEP_CLOSED,
-    Ack,
     FailureReply,
     Signal,
     StepDeadline,
@@ -74,10 +73,19 @@ from saga.messaging.envelope import (
     Envelope,
     message_type_of,
 )
-from tests.support.saga_model import MemoryEventWaits, MemorySteps, Reference
+from tests.support.saga_model import (
+    HOME,
+    SAGA_ID,
+    Command,
+    Data,
+    MemoryEventWaits,
+    MemorySteps,
+    Reference,
+    Undo,
+    model_reply,
+    reply_envelope,
+)
 
-HOME = "home"
-SAGA_ID = UUID(int=1)
 COMPENSATING = (SagaStatus.COMPENSATING, SagaStatus.COMPENSATED, SagaStatus.COMPENSATION_FAILED)
 #: How a participant answers: success, a business failure, or a failure code.
 OUTCOMES = ["ok", "failed", DEAD_LETTERED, PURGED]
@@ -85,18 +93,6 @@ OUTCOMES = ["ok", "failed", DEAD_LETTERED, PURGED]
 CONTROL: dict[str, type[BaseModel]] = {
     message_type_of(m): m for m in (StepTimer, StepDeadline, WaitTimeout)
 }
-
-
-class Data(BaseModel):
-    order: str = "o-1"
-
-
-class Command(BaseModel):
-    step: str
-
-
-class Undo(BaseModel):
-    step: str
 
 
 class Go(BaseModel):
@@ -244,25 +240,6 @@ def _snapshot(record: SagaRecord) -> tuple[Any, ...]:
     )
 
 
-def _reply_envelope(request: Envelope, reply: BaseModel, message_id: UUID) -> Envelope:
-    """A participant's answer to ``request``: it names the request's step, as replies do."""
-    headers = {k: v for k in (STEP_HEADER, COMPENSATES_HEADER) if (v := request.headers.get(k))}
-    return Envelope.wrap(
-        reply,
-        message_id=message_id,
-        saga_id=SAGA_ID,
-        causation_id=request.message_id,
-        headers=headers,
-    )
-
-
-def _answer(request: Envelope, outcome: str) -> BaseModel:
-    if outcome == "ok":
-        return Ack()
-    code = None if outcome == "failed" else outcome
-    return FailureReply(reason=f"{outcome} by the model", code=code, failed_type=request.type)
-
-
 # -- the state machine -------------------------------------------------------------------
 
 
@@ -392,8 +369,8 @@ class SagaMachine(RuleBasedStateMachine):
                 assert envelope.payload == {"step": step} and envelope.reply_to == HOME
 
     def deliver_reply(self, request: Envelope, outcome: str, faults: list[bool]) -> None:
-        reply = _answer(request, outcome)
-        envelope = _reply_envelope(request, reply, self.new_id())
+        reply = model_reply(request, outcome)
+        envelope = reply_envelope(request, reply, self.new_id())
         if request not in self.answered:
             self.answered.append(request)
         if not awaits_reply(self.record, envelope):
