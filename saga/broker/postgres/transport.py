@@ -56,7 +56,12 @@ from kombu.transport import virtual
 from psycopg import sql
 
 from saga.broker.postgres.low_water import LowWaterMarks
-from saga.broker.postgres.messages import claim_parameters, claim_statement, create_messages
+from saga.broker.postgres.messages import (
+    claim_parameters,
+    claim_statement,
+    create_messages,
+    layout_is_current,
+)
 from saga.broker.postgres.publishing import (
     DEFAULT_EXCHANGE,
     SUBSCRIPTIONS_DDL,
@@ -532,6 +537,11 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             # floor and now() as bounds, the planner guesses few rows and may prefer a
             # bitmap scan that reads and sorts the whole backlog (raw msg/s halved).
             db.execute("SET enable_bitmapscan = off")
+            # Each statement planned for the ring's partitions as they are now: a prepared
+            # statement's generic plan, made while a partition was empty (read whole, then
+            # the cheapest way), would be kept while it fills, until its next vacuum or
+            # truncation: claims and acks that read every message of their generation.
+            db.execute("SET plan_cache_mode = force_custom_plan")
             return db
         setting = db.execute("SELECT current_setting('synchronous_commit')").fetchone()
         if setting is None or setting[0] == "off":
@@ -546,12 +556,10 @@ class Transport(virtual.Transport):  # type: ignore[misc]
     def ensure_schema(self, db: psycopg.Connection[Any], schema: str) -> None:
         if schema in self._schemas_ready:
             return
-        exists = db.execute(
-            "SELECT (SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)) "
-            "AND to_regclass(%s) IS NOT NULL",
-            (f"{schema}.messages", f"{schema}.subscriptions"),
+        subscriptions = db.execute(
+            "SELECT to_regclass(%s)", (f"{schema}.subscriptions",)
         ).fetchone()
-        if not (exists and exists[0]):
+        if not (subscriptions and subscriptions[0] and layout_is_current(db, schema)):
             with db.transaction():
                 db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (schema,))
                 create_messages(db, schema)
