@@ -113,6 +113,31 @@ def test_a_delayed_and_a_leased_message_survive_a_rotation_with_their_fencing(
     assert _row(pg_broker, delayed_id) == moved_delayed  # the wrong token deleted nothing
 
 
+def test_a_leased_message_moved_by_a_rotation_is_released_where_it_went(
+    pg_broker: TestBroker,
+) -> None:
+    """A release addresses the generation the message was taken from; the rotation moved
+    it since: it is released in its new place, once, and taken again."""
+    pg_broker.declare("svc")
+    queue = pg_broker.topology.queue_name("svc")
+    pg_broker.publish_many("svc", [b'"leased"'])
+    with pg_broker.config.connect() as conn:
+        channel = conn.channel()
+        ((payload, _),) = channel.claim([queue], 10)
+        tag = payload["properties"]["delivery_tag"]
+        row_id = int(tag.split(":")[0])
+        taken = _row(pg_broker, row_id)
+        _passes(pg_broker, 2)  # its generation stops being current, then is truncated
+        moved = _row(pg_broker, row_id)
+        channel.settle([tag], delete=False)
+        released = _row(pg_broker, row_id)
+        ((again, _),) = channel.claim([queue], 10)
+    assert taken is not None and moved is not None and released is not None
+    assert moved[0] != taken[0] and released[0] == moved[0]
+    assert taken[1] is not None and released[1] is None  # the lease is given back
+    assert again["body"] == b'"leased"' and again["redelivered"]
+
+
 def _explain_prepared(db: psycopg.Connection[Any], prefix: str, params: Any) -> Any:
     """The plan, as run, of the statement ``db`` prepared whose text starts with
     ``prefix``, run with ``params`` under the plan ``db`` chooses for it. It takes effect:
@@ -147,37 +172,55 @@ def test_a_generation_filled_after_the_claim_and_ack_were_planned_is_read_by_its
     pg_broker: TestBroker,
 ) -> None:
     """A generation is empty (truncated, then vacuumed) when it becomes current, and fills
-    within seconds while the channel's statements, prepared long before, keep running.
-    With 20,000 messages in it (not yet analyzed), a claim of 100 and their fenced ack
-    read about a hundred messages each, not the whole generation (as a plan made while
-    it was empty and kept would)."""
+    within seconds while the channel's statements, prepared on it meanwhile, keep
+    running. With 20,000 messages in it (not yet analyzed), a claim of 100 and their
+    fenced ack read about a hundred messages each, not the whole generation (as a plan
+    made while it was empty and kept would)."""
     pg_broker.declare("svc")
     queue = pg_broker.topology.queue_name("svc")
     _passes(pg_broker, 2)  # whatever earlier tests left is gone: a fresh current generation
+    with psycopg.connect(pg_broker.url, autocommit=True) as db:
+        db.execute("VACUUM saga_broker.messages")  # as the channel does every 10 s
+        (generation,) = db.execute("SELECT generation FROM saga_broker.ring").fetchone() or (0,)
     with pg_broker.config.connect() as conn:
         channel = conn.channel()
-        _fill(pg_broker, queue, 1_200)
-        acked: list[str] = []
         for _ in range(12):  # prepared (5 runs), then past PostgreSQL's first plans (5 more)
-            acked = _take_and_ack(channel, queue, acked)
-        _passes(pg_broker, 2)  # their generation goes: the current one is empty
-        with psycopg.connect(pg_broker.url, autocommit=True) as db:
-            db.execute("VACUUM saga_broker.messages")  # as the channel does every 10 s
-        for _ in range(3):  # planned again while the generation is empty
-            _take_and_ack(channel, queue, acked)
+            _fill(pg_broker, queue, 1)
+            assert _take_and_ack(channel, queue) == 1
         _fill(pg_broker, queue, 20_000)
         token = uuid.uuid4()
         _, claim_params = channel.claim_query([queue], 100, token)
-        claim_read = _rows_read(_explain_prepared(channel.db, "WITH next AS", claim_params)["Plan"])
+        claim = _explain_prepared(channel.db, "WITH next AS", claim_params)
         with psycopg.connect(pg_broker.url) as reader:
             ids = [r[0] for r in reader.execute(_TAKEN_UNDER, (token,)).fetchall()]
-        ack = _explain_prepared(channel.db, "DELETE FROM", (ids, [token] * 100, ids))
+        ack_statement = f'DELETE FROM "saga_broker"."messages_{generation}"'
+        ack = _explain_prepared(channel.db, ack_statement, (ids, [token] * 100, ids))
         with psycopg.connect(pg_broker.url) as reader:
             left = reader.execute(_TAKEN_UNDER, (token,)).fetchall()
     assert len(ids) == 100 and left == []
+    claim_read, ack_read = _rows_read(claim["Plan"]), _rows_read(ack["Plan"])
     assert claim_read < 1_000, f"a claim of 100 read {claim_read} of 20,000 messages"
-    ack_read = _rows_read(ack["Plan"])
     assert ack_read < 1_000, f"the ack of 100 read {ack_read} of 20,000 messages"
+
+
+def _take_and_ack(channel: Any, queue: str) -> int:
+    """A claim of 100 and its ack, as a consumer runs them; the messages taken."""
+    tags = [p["properties"]["delivery_tag"] for p, _ in channel.claim([queue], 100)]
+    channel.settle(tags, delete=True)
+    channel.flush_acks()
+    return len(tags)
+
+
+def _fill(broker: TestBroker, queue: str, count: int) -> None:
+    with psycopg.connect(broker.url) as writer:
+        writer.execute(
+            "INSERT INTO saga_broker.messages (queue, body) "
+            "SELECT %s, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, %s)",
+            (queue, count),
+        )
+
+
+_TAKEN_UNDER = "SELECT id FROM saga_broker.messages WHERE lock_token = %s"
 
 
 def test_the_insert_of_a_batch_is_not_compiled(pg_broker: TestBroker) -> None:
@@ -192,27 +235,6 @@ def test_the_insert_of_a_batch_is_not_compiled(pg_broker: TestBroker) -> None:
         row = ["", queue, b"x", "{}", "{}", 0.0]
         plan = _explain_prepared(channel.db, "\nINSERT INTO", [[v] for v in row])
     assert "JIT" not in plan, plan["JIT"]
-
-
-def _take_and_ack(channel: Any, queue: str, acked: list[str]) -> list[str]:
-    """A claim of 100 and its ack, as a consumer runs them; with nothing to take, the ack
-    of deliveries ``acked`` already (their ids typed as the others were)."""
-    tags = [p["properties"]["delivery_tag"] for p, _ in channel.claim([queue], 100)]
-    channel.settle(tags or acked, delete=True)
-    channel.flush_acks()
-    return tags or acked
-
-
-def _fill(broker: TestBroker, queue: str, count: int) -> None:
-    with psycopg.connect(broker.url) as writer:
-        writer.execute(
-            "INSERT INTO saga_broker.messages (queue, body) "
-            "SELECT %s, convert_to(repeat('x', 200), 'UTF8') FROM generate_series(1, %s)",
-            (queue, count),
-        )
-
-
-_TAKEN_UNDER = "SELECT id FROM saga_broker.messages WHERE lock_token = %s"
 
 
 def _queue_rows(broker: TestBroker, queue: str) -> int:

@@ -136,7 +136,7 @@ def create_messages(db: psycopg.Connection[Any], schema: str) -> None:
 def claim_statement(schema: str) -> sql.Composed:
     """Take the oldest visible messages of some queues under a lease (parameters:
     :func:`claim_parameters`). Returns the messages taken, each with the ``visible_at`` it
-    had, and one last row whose only value is the statement's ``now()``.
+    had and its generation, and one last row whose only value is the statement's ``now()``.
 
     Per queue, one index scan per generation's partition, each walking ``(queue,
     visible_at, id)`` in order from the queue's floor (:mod:`saga.broker.postgres.low_water`)
@@ -163,9 +163,9 @@ def claim_statement(schema: str) -> sql.Composed:
         "lock_token = %s, attempts = m.attempts + 1 FROM next "
         "WHERE m.id = next.id AND m.generation = next.generation "
         "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts, "
-        "next.visible_at) "
+        "next.visible_at, m.generation) "
         "SELECT *, NULL::timestamptz FROM taken "
-        "UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, now()"
+        "UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, now()"
     ).format(scans=scans, t=sql.Identifier(schema, "messages"))
 
 

@@ -72,6 +72,7 @@ from saga.broker.postgres.publishing import (
     columns_of,
 )
 from saga.broker.postgres.rotation import ROTATE_INTERVAL, Rotation
+from saga.broker.postgres.settling import DELETE, RELEASE, Delivery, settle
 from saga.db.connections import DIRECT, POOLED_POLLING
 from saga.db.sql import validate_name
 from saga.db.vacuum_horizon import read_vacuum_horizon, warn_if_held
@@ -101,15 +102,6 @@ WARN_EVERY = 60.0
 def wake_channel(schema: str) -> str:
     """The ``LISTEN`` channel of a broker schema."""
     return f"{schema}_wake"
-
-
-def _tag(row_id: int, token: uuid.UUID | str) -> str:
-    return f"{row_id}:{token}"
-
-
-def _untag(delivery_tag: str) -> tuple[int, str]:
-    row_id, token = delivery_tag.split(":", 1)
-    return int(row_id), token
 
 
 class QoS(virtual.QoS):  # type: ignore[misc]
@@ -163,7 +155,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         self.events: dict[str, set[Callable[..., Any]]] = defaultdict(set)
         self.db = connection.connect_db()
         connection.ensure_schema(self.db, self.schema)
-        self._pending_acks: list[tuple[int, str]] = []
+        self._pending_acks: list[Delivery] = []
         self.low_water = LowWaterMarks()
         self.rotation = Rotation(self.schema, self.rotate_interval)
         self._next_warning = 0.0
@@ -279,11 +271,11 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             self._held[str(token)] = len(rows)
         self._start_renewing()
         taken = []
-        for row_id, queue, body, headers, stored, attempts, _, _ in sorted(rows):
+        for row_id, queue, body, headers, stored, attempts, _, generation, _ in sorted(rows):
             props = dict(stored)
             content_type = props.pop("content-type", None)
             content_encoding = props.pop("content-encoding", None)
-            props["delivery_tag"] = _tag(row_id, token)
+            props["delivery_tag"] = Delivery(row_id, str(token), generation).tag
             props.setdefault("delivery_info", {})
             payload = {
                 "body": bytes(body),
@@ -317,29 +309,22 @@ class Channel(virtual.Channel):  # type: ignore[misc]
 
     def settle(self, delivery_tags: Iterable[str], *, delete: bool, delay: float = 0.0) -> None:
         """Acknowledge (``delete``: batched) or release (at once) the given deliveries."""
-        pairs = [_untag(tag) for tag in delivery_tags]
-        if not pairs:
+        deliveries = [Delivery.of(tag) for tag in delivery_tags]
+        if not deliveries:
             return
         with self._held_lock:
-            for _, token in pairs:
-                left = self._held.get(token, 0) - 1
+            for delivery in deliveries:
+                left = self._held.get(delivery.token, 0) - 1
                 if left > 0:
-                    self._held[token] = left
+                    self._held[delivery.token] = left
                 else:
-                    self._held.pop(token, None)
+                    self._held.pop(delivery.token, None)
         if delete:
-            self._pending_acks.extend(pairs)
+            self._pending_acks.extend(deliveries)
             if len(self._pending_acks) >= MAX_PENDING_ACKS:
                 self.flush_acks()
             return
-        self.db.execute(
-            sql.SQL(
-                "UPDATE {t} m SET visible_at = now() + %s * interval '1 second', "
-                "lock_token = NULL FROM unnest(%b::bigint[], %b::uuid[]) AS s(id, token) "
-                "WHERE m.id = s.id AND m.lock_token = s.token AND m.id = ANY(%b::bigint[])"
-            ).format(t=self.table),
-            (delay or self.requeue_delay, *_fenced(pairs)),
-        )
+        settle(self.db, self.schema, RELEASE, deliveries, (delay or self.requeue_delay,))
 
     def nack(self, delivery_tag: str, delay: float) -> None:
         """Give a delivery back, to be delivered again after ``delay`` seconds."""
@@ -347,20 +332,17 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         self.qos._quick_ack(delivery_tag)
 
     def flush_acks(self) -> None:
-        """Delete the acknowledged messages, fenced by their lock tokens, in one statement."""
-        pairs, self._pending_acks = self._pending_acks, []
-        if not pairs:
+        """Delete the acknowledged messages, fenced by their lock tokens (one statement
+        per generation they were taken from, and one for those the rotation moved)."""
+        deliveries, self._pending_acks = self._pending_acks, []
+        if not deliveries:
             return
         try:
-            self.db.execute(
-                sql.SQL(
-                    "DELETE FROM {t} m USING unnest(%b::bigint[], %b::uuid[]) AS s(id, token) "
-                    "WHERE m.id = s.id AND m.lock_token = s.token AND m.id = ANY(%b::bigint[])"
-                ).format(t=self.table),
-                _fenced(pairs),
-            )
+            settle(self.db, self.schema, DELETE, deliveries)
         except BaseException:
-            self._pending_acks[:0] = pairs  # not known to be deleted: try again, or the lease ends
+            # Not known to be deleted: tried again (a delete done already matches nothing),
+            # or their lease ends.
+            self._pending_acks[:0] = deliveries
             raise
 
     # -- leases --------------------------------------------------------------
@@ -542,7 +524,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             # made while a partition of the ring was empty, a scan of it whole was the
             # cheapest: kept while the partition fills (until its next vacuum or
             # truncation), claims and acks would read every message of their generation.
-            # Planning each statement afresh instead costs more than the claim's own work.
+            # Planning each statement afresh instead adds a third to the claim's own work.
             db.execute("SET enable_seqscan = off")
             # With scans priced out, each statement looks costly enough to be compiled
             # (200 ms for an INSERT of 100 messages).
@@ -639,12 +621,3 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
-
-
-def _fenced(pairs: Sequence[tuple[int, Any]]) -> tuple[list[int], list[Any], list[int]]:
-    """The parameters of a statement on messages fenced by (id, lock token): the ids, the
-    tokens, and the ids again for ``m.id = ANY(...)``, which lets each generation's
-    partition be probed by its primary key (the join alone is planned as a scan of every
-    partition whenever the estimates are off)."""
-    ids = [pair[0] for pair in pairs]
-    return ids, [pair[1] for pair in pairs], ids
