@@ -360,7 +360,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         never waits for any of them."""
         db: psycopg.Connection[Any] | None = None
         vacuumed = rotated = monotonic()
-        pause = min(self.lease / 3, *(i for i in (self.vacuum_interval, self.rotate_interval) if i))
+        pause = min(
+            [self.lease / 3, *(i for i in (self.vacuum_interval, self.rotate_interval) if i)]
+        )
         try:
             while not self._stop_renewing.wait(pause):
                 with self._held_lock:
