@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -37,23 +36,19 @@ RELEASE = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A message taken: its id, the claim's lock token, and its generation when taken
-    (None: a tag that does not say)."""
+#: A message taken: its id, the claim's lock token, and its generation when taken (None:
+#: a tag that does not say). A plain tuple: a consumer makes one per message.
+Delivery = tuple[int, str, int | None]
 
-    id: int
-    token: str
-    generation: int | None
 
-    @property
-    def tag(self) -> str:
-        return f"{self.id}:{self.token}:{self.generation}"
+def delivery_tag(row_id: int, token: str, generation: int) -> str:
+    """The tag of a message taken, read back by :func:`delivery_of`."""
+    return f"{row_id}:{token}:{generation}"
 
-    @classmethod
-    def of(cls, tag: str) -> Delivery:
-        row_id, token, *generation = tag.split(":")
-        return cls(int(row_id), token, int(generation[0]) if generation else None)
+
+def delivery_of(tag: str) -> Delivery:
+    parts = tag.split(":")
+    return int(parts[0]), parts[1], int(parts[2]) if len(parts) > 2 else None
 
 
 def settle(
@@ -69,10 +64,11 @@ def settle(
     by_generation: dict[int, list[Delivery]] = defaultdict(list)
     left: list[Delivery] = []
     for delivery in deliveries:
-        if delivery.generation is None:
+        generation = delivery[2]
+        if generation is None:
             left.append(delivery)
         else:
-            by_generation[delivery.generation].append(delivery)
+            by_generation[generation].append(delivery)
     for generation, group in by_generation.items():
         query = sql.SQL(statement).format(t=partition(schema, generation))
         if db.execute(query, (*leading, *_fenced(group))).rowcount < len(group):
@@ -83,5 +79,5 @@ def settle(
 
 
 def _fenced(deliveries: Sequence[Delivery]) -> tuple[list[int], list[str], list[int]]:
-    ids = [delivery.id for delivery in deliveries]
-    return ids, [delivery.token for delivery in deliveries], ids
+    ids = [delivery[0] for delivery in deliveries]
+    return ids, [delivery[1] for delivery in deliveries], ids
