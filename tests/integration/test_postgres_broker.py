@@ -175,6 +175,22 @@ def test_a_consumer_that_holds_a_batch_past_its_lease_keeps_it_by_renewing(
     assert _rows(pg_broker, "svc") == []
 
 
+def test_a_channel_that_neither_rotates_nor_vacuums_still_renews_its_leases(
+    pg_broker: TestBroker,
+) -> None:
+    pg_broker.publish_many("svc", [b'{"n": 1}'])
+    config = replace(pg_broker.config, lease=LEASE)
+    with config.connect() as conn:
+        conn.transport_options.update(rotate_interval=0, vacuum_interval=0)
+        channel = conn.channel()
+        assert len(channel.claim([pg_broker.topology.queue_name("svc")], 10)) == 1
+        first_deadline = _visible_at(pg_broker)
+        wait_until(
+            lambda: _visible_at(pg_broker) > first_deadline,
+            what="the lease renewed by a channel with no other work on its thread",
+        )
+
+
 def test_a_consuming_channel_vacuums_the_messages_table(pg_broker: TestBroker) -> None:
     """Every message leaves dead tuples behind (its claim, its delete): the consuming side
     vacuums the table on its own, at a pace autovacuum's defaults never reach."""

@@ -38,12 +38,20 @@ CREATE TABLE IF NOT EXISTS {table} (
     visible_at timestamptz NOT NULL DEFAULT now(),
     lock_token uuid,
     attempts integer NOT NULL DEFAULT 0,
-    enqueued_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (id, generation)
+    enqueued_at timestamptz NOT NULL DEFAULT now()
 ) PARTITION BY LIST (generation);
 """
 
-_PARTITION_DDL = "CREATE TABLE IF NOT EXISTS {partition} PARTITION OF {table} FOR VALUES IN ({n})"
+#: Each generation's partition has its own primary key on ``id`` alone (the table's would
+#: have to include ``generation``, and an index on ``(id, generation)`` does not tell the
+#: planner that an id is found once: before a partition is analyzed it expects a fenced
+#: ack's ``id = ANY(...)`` of a hundred ids to match half the partition, and scans it).
+#: Ids stay unique across the table: they come from its identity, and a message the
+#: rotation moves leaves its partition as it enters the next.
+_PARTITION_DDL = (
+    "CREATE TABLE IF NOT EXISTS {partition} PARTITION OF {table} (PRIMARY KEY (id)) "
+    "FOR VALUES IN ({n})"
+)
 _INDEX_DDL = "CREATE INDEX IF NOT EXISTS {index} ON {table} (queue, visible_at, id)"
 
 #: The columns a message keeps when it changes tables.
@@ -59,24 +67,36 @@ def partition(schema: str, generation: int) -> sql.Identifier:
     return sql.Identifier(schema, f"messages_{generation}")
 
 
+def layout_is_current(db: psycopg.Connection[Any], schema: str) -> bool:
+    """Whether ``schema`` has the messages table of this version: a ring whose partitions
+    have their own keys (the table none)."""
+    row = db.execute(
+        "SELECT relkind = 'p' AND NOT EXISTS "
+        "(SELECT FROM pg_constraint WHERE conrelid = c.oid AND contype = 'p') "
+        "FROM pg_class c WHERE c.oid = to_regclass(%s)",
+        (f"{schema}.messages",),
+    ).fetchone()
+    return row is not None and bool(row[0])
+
+
 def create_messages(db: psycopg.Connection[Any], schema: str) -> None:
     """Create the messages table of ``schema`` (inside the caller's transaction, under its
-    lock), moving the messages of a table of the first, unpartitioned layout into it."""
+    lock), moving the messages of a table of the first, unpartitioned layout into it, and
+    giving the partitions of a ring keyed on ``(id, generation)`` keys of their own."""
     table = sql.Identifier(schema, "messages")
     row = db.execute(
         "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (f"{schema}.messages",)
     ).fetchone()
     unpartitioned = row is not None and row[0] == "r"
+    if row is not None and row[0] == "p" and not layout_is_current(db, schema):
+        db.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT messages_pkey").format(table))
+        for n in range(GENERATIONS):
+            db.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id)").format(partition(schema, n)))
     if unpartitioned:
         old = sql.Identifier(schema, _UNPARTITIONED)
         db.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
         db.execute(
             sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(_UNPARTITIONED))
-        )
-        db.execute(
-            sql.SQL("ALTER TABLE {} RENAME CONSTRAINT messages_pkey TO {}").format(
-                old, sql.Identifier(f"{_UNPARTITIONED}_pkey")
-            )
         )
         db.execute(
             sql.SQL("ALTER INDEX {} RENAME TO {}").format(
@@ -116,7 +136,7 @@ def create_messages(db: psycopg.Connection[Any], schema: str) -> None:
 def claim_statement(schema: str) -> sql.Composed:
     """Take the oldest visible messages of some queues under a lease (parameters:
     :func:`claim_parameters`). Returns the messages taken, each with the ``visible_at`` it
-    had, and one last row whose only value is the statement's ``now()``.
+    had and its generation, and one last row whose only value is the statement's ``now()``.
 
     Per queue, one index scan per generation's partition, each walking ``(queue,
     visible_at, id)`` in order from the queue's floor (:mod:`saga.broker.postgres.low_water`)
@@ -143,9 +163,9 @@ def claim_statement(schema: str) -> sql.Composed:
         "lock_token = %s, attempts = m.attempts + 1 FROM next "
         "WHERE m.id = next.id AND m.generation = next.generation "
         "RETURNING m.id, m.queue, m.body, m.headers, m.properties, m.attempts, "
-        "next.visible_at) "
+        "next.visible_at, m.generation) "
         "SELECT *, NULL::timestamptz FROM taken "
-        "UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, now()"
+        "UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, now()"
     ).format(scans=scans, t=sql.Identifier(schema, "messages"))
 
 

@@ -8,7 +8,8 @@ consumed since they began, and the table grows by the broker's whole throughput.
 
 So the messages table is partitioned by generation (:data:`GENERATIONS` partitions,
 used in a ring). Publishers write to the current generation (the ``ring`` table's one
-row); claims, acks and leases read all of them. Every :data:`ROTATE_INTERVAL` a pass:
+row); claims and lease renewals read all of them, an ack or a release first the
+partition its message was taken from. Every :data:`ROTATE_INTERVAL` a pass:
 
 1. empties each generation but the current one that holds a few live messages at most
    (:data:`MOVE_LIMIT`): under an ``ACCESS EXCLUSIVE`` lock on its partition (waited for
