@@ -106,7 +106,7 @@ def test_a_delayed_and_a_leased_message_survive_a_rotation_with_their_fencing(
         assert moved_leased[0] != leased[0] and moved_delayed[0] != delayed[0]  # moved
         assert moved_leased[1:] == leased[1:] and moved_delayed[1:] == delayed[1:]  # kept
         assert str(moved_leased[1]) == token
-        channel.settle([f"{delayed_id}:{uuid.uuid4()}"], delete=True)  # a stale token
+        channel.settle([f"{delayed_id}:{uuid.uuid4()}:{delayed[0]}"], delete=True)  # a stale token
         channel.settle([tag], delete=True)
         channel.flush_acks()
     assert _row(pg_broker, leased_id) is None  # the fenced ack found it in its new place

@@ -7,8 +7,8 @@ A statement on the whole table opens and probes every generation's partition and
 indexes for each id; one on the message's partition, only that one. A message the
 rotation moved to the current generation under its lease
 (:mod:`saga.broker.postgres.rotation`) is not found there: the deliveries of a
-generation where some were not found, and the tags of earlier versions (no
-generation), are settled through the whole table, in a second statement.
+generation where some were not found are settled through the whole table, in a second
+statement.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ RELEASE = (
 )
 
 
-#: A message taken: its id, the claim's lock token, and its generation when taken (None:
-#: a tag that does not say). A plain tuple: a consumer makes one per message.
-Delivery = tuple[int, str, int | None]
+#: A message taken: its id, the claim's lock token, and its generation when taken. A
+#: plain tuple: a consumer makes one per message.
+Delivery = tuple[int, str, int]
 
 
 def delivery_tag(row_id: int, token: str, generation: int) -> str:
@@ -47,8 +47,8 @@ def delivery_tag(row_id: int, token: str, generation: int) -> str:
 
 
 def delivery_of(tag: str) -> Delivery:
-    parts = tag.split(":")
-    return int(parts[0]), parts[1], int(parts[2]) if len(parts) > 2 else None
+    row_id, token, generation = tag.split(":")
+    return int(row_id), token, int(generation)
 
 
 def settle(
@@ -62,13 +62,9 @@ def settle(
     parameters) on ``deliveries``: per generation on its partition, then on the whole
     table for the generations where some were not found (moved, or their lease lost)."""
     by_generation: dict[int, list[Delivery]] = defaultdict(list)
-    left: list[Delivery] = []
     for delivery in deliveries:
-        generation = delivery[2]
-        if generation is None:
-            left.append(delivery)
-        else:
-            by_generation[generation].append(delivery)
+        by_generation[delivery[2]].append(delivery)
+    left: list[Delivery] = []
     for generation, group in by_generation.items():
         query = sql.SQL(statement).format(t=partition(schema, generation))
         if db.execute(query, (*leading, *_fenced(group))).rowcount < len(group):

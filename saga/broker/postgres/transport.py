@@ -111,6 +111,31 @@ def wake_channel(schema: str) -> str:
     return f"{schema}_wake"
 
 
+#: The session settings of a direct connection to the broker's database (behind a
+#: transaction pooler none would stick), sent in one statement.
+_DIRECT_SETTINGS = (
+    # A broker row must be on disk when the relay deletes its outbox row.
+    "synchronous_commit = on",
+    # A claim must walk its queue's index in order and stop at its limit. With a floor and
+    # now() as bounds, the planner guesses few rows and may prefer a bitmap scan that
+    # reads and sorts the whole backlog (raw msg/s halved).
+    "enable_bitmapscan = off",
+    # Every statement of the broker reads its messages through an index (the claim's walk,
+    # the ack's ids). A prepared statement's plan is made once, and made while a partition
+    # of the ring was empty, a scan of it whole was the cheapest: kept while the partition
+    # fills (until its next vacuum or truncation), claims and acks would read every
+    # message of their generation. Planning each statement afresh instead adds a third to
+    # the claim's own work.
+    "enable_seqscan = off",
+    # With scans priced out, each statement looks costly enough to be compiled (200 ms
+    # for an INSERT of 100 messages).
+    "jit = off",
+    # And the plans are kept: left to choose, PostgreSQL plans every claim afresh (0.39 ms
+    # for its three partition arms, a tenth of the consumer's backend CPU).
+    "plan_cache_mode = force_generic_plan",
+)
+
+
 class QoS(virtual.QoS):  # type: ignore[misc]
     """Prefetch accounting in memory; acks, rejects and restores go to the table."""
 
@@ -521,26 +546,8 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         db = access.connect(
             self.url, autocommit=True, connect_timeout=int(self.client.connect_timeout or 10)
         )
-        # A broker row must be on disk when the relay deletes its outbox row.
         if not self.pooled:
-            db.execute("SET synchronous_commit = on")
-            # A claim must walk its queue's index in order and stop at its limit. With a
-            # floor and now() as bounds, the planner guesses few rows and may prefer a
-            # bitmap scan that reads and sorts the whole backlog (raw msg/s halved).
-            db.execute("SET enable_bitmapscan = off")
-            # Every statement of the broker reads its messages through an index (the
-            # claim's walk, the ack's ids). A prepared statement's plan is made once, and
-            # made while a partition of the ring was empty, a scan of it whole was the
-            # cheapest: kept while the partition fills (until its next vacuum or
-            # truncation), claims and acks would read every message of their generation.
-            # Planning each statement afresh instead adds a third to the claim's own work.
-            db.execute("SET enable_seqscan = off")
-            # With scans priced out, each statement looks costly enough to be compiled
-            # (200 ms for an INSERT of 100 messages).
-            db.execute("SET jit = off")
-            # And the plans are kept: left to choose, PostgreSQL plans every claim afresh
-            # (0.39 ms for its three partition arms, a tenth of the consumer's backend CPU).
-            db.execute("SET plan_cache_mode = force_generic_plan")
+            db.execute("; ".join(f"SET {setting}" for setting in _DIRECT_SETTINGS))
             return db
         setting = db.execute("SELECT current_setting('synchronous_commit')").fetchone()
         if setting is None or setting[0] == "off":
