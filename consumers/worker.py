@@ -50,7 +50,7 @@ from saga.errors import ConfigurationError, SagaError
 from saga.faults import fault_point
 from saga.handlers.service import Service
 from saga.messaging.control import ResumeSaga
-from saga.messaging.envelope import CONTENT_TYPE
+from saga.messaging.envelope import CONTENT_TYPE, Envelope
 from saga.messaging.events import EventRecords
 from saga.messaging.leases import DEFAULT_LEASE, Leases, leasing
 from saga.messaging.outbox import DEFAULT_MAX_MESSAGE_BYTES
@@ -82,6 +82,10 @@ class ConsumerOptions:
     #: Publish the messages a batch wrote right after it commits (the relay remains the
     #: safety net for anything this misses); cuts a relay poll out of every hop's latency.
     publish_after_commit: bool = True
+    #: Seconds a reply that arrives alone waits for more deliveries when replies to its
+    #: siblings (its saga's parallel group) are still to come, so that they are handled in
+    #: one transaction instead of one behind the other (0: never waits).
+    reply_linger: float = 0.005
     #: Seconds the messages a batch wrote stay leased to this consumer: the relays take
     #: them only after that (when it died, or its publish failed).
     publish_lease: float = DEFAULT_LEASE.total_seconds()
@@ -100,6 +104,8 @@ class ConsumerOptions:
         validate_schema(self.schema)
         if self.concurrency < 1 or self.prefetch < 1:
             raise ValueError("concurrency and prefetch must be at least 1")
+        if self.reply_linger < 0:
+            raise ValueError(f"reply_linger must be 0 or more seconds, not {self.reply_linger}")
         if self.publish_lease <= 0:
             raise ValueError(f"publish_lease must be positive seconds, not {self.publish_lease}")
 
@@ -293,6 +299,8 @@ class Worker:
             self._take_waiting(conn)
             batch = self._buffer[: self.options.prefetch]
             del self._buffer[: len(batch)]
+            if len(batch) == 1 and self._more_to_come(batch[0]):
+                batch += self._linger(conn)
             self._handle(batch)
             if self._careful and not any(delivery_count(m.headers) for m in batch):
                 self._open_up()
@@ -309,6 +317,37 @@ class Worker:
         consumer.qos(prefetch_count=self.options.prefetch)
         consumer.consume()
         self._careful = False
+
+    def _more_to_come(self, message: Message) -> bool:
+        """Whether replies to the siblings of what ``message`` answers are still to come
+        (:mod:`saga.engine.reply_joins`): a hint, read before the message is checked."""
+        joins = self.service.reply_joins
+        if joins is None or self.options.reply_linger <= 0 or self._careful:
+            return False
+        if (message.headers or {}).get("message_type") not in joins.types:
+            return False
+        try:
+            envelope = Envelope.from_bytes(_delivery(message).body)
+        except ValueError:  # not an envelope: its checks refuse it
+            return False
+        return joins.more_to_come(envelope)
+
+    def _linger(self, conn: Connection) -> list[Message]:
+        """Wait up to ``reply_linger`` for the next delivery; the waiting ones, to handle
+        with the one taken (up to the prefetch)."""
+        deadline = time.monotonic() + self.options.reply_linger
+        while not self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            try:
+                conn.drain_events(timeout=remaining)
+            except TimeoutError:
+                return []
+        self._take_waiting(conn)
+        more = self._buffer[: self.options.prefetch - 1]
+        del self._buffer[: len(more)]
+        return more
 
     def _take_waiting(self, conn: Connection) -> None:
         while len(self._buffer) < self.options.prefetch:

@@ -31,6 +31,9 @@ from saga.cli.runtime import (
 from saga.cli.text import foreign
 from saga.messaging.leases import DEFAULT_LEASE
 
+#: ConsumerOptions.reply_linger's default, in milliseconds (a test keeps the two equal).
+DEFAULT_REPLY_LINGER_MS = 5.0
+
 
 def consume(
     target: Annotated[str, typer.Argument(help="The service to run, as module:object.")],
@@ -63,6 +66,17 @@ def consume(
             min=0.001,
         ),
     ] = DEFAULT_LEASE.total_seconds(),
+    reply_linger_ms: Annotated[
+        float,
+        typer.Option(
+            "--reply-linger-ms",
+            help="Milliseconds a reply that arrives alone waits for its siblings' replies "
+            "(its saga's parallel group), to handle them in one transaction; 0: never waits. "
+            "Env: SAGA_REPLY_LINGER_MS.",
+            envvar="SAGA_REPLY_LINGER_MS",
+            min=0.0,
+        ),
+    ] = DEFAULT_REPLY_LINGER_MS,
     resume_stuck_after: Annotated[
         str | None,
         typer.Option(
@@ -134,6 +148,7 @@ def consume(
             side_effect_lease=settings.side_effect_lease,
             publish_after_commit=publish_after_commit,
             publish_lease=publish_lease,
+            reply_linger=reply_linger_ms / 1000,
             delivery_limit=settings.delivery_limit,
             database=settings.database_access(),
             resume_stuck_after=stuck_after,

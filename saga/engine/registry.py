@@ -21,6 +21,7 @@ from saga.engine import fingerprints, signals
 from saga.engine.definition import Saga, WaitStep
 from saga.engine.home import SagaHome
 from saga.engine.orchestrator import Orchestrator
+from saga.engine.reply_joins import ReplyJoins
 from saga.engine.staged_writes import SagaBatchWriting, StagedSagaWrites
 from saga.engine.state import Phase, SagaRecord, StepLogEntry
 from saga.errors import ConfigurationError, SignalRejected
@@ -351,6 +352,7 @@ class SagaRegistry:
                 service.add_subscription(event_class, self._on_event)
             service.on_connect(self.check_versions)
             service.batch_writing = SagaBatchWriting(self.home)
+            service.reply_joins = ReplyJoins(self.sagas) or None
             service.schema = self.schema
             self._service = service
         return self._service

@@ -20,6 +20,7 @@ from saga.engine.steps.kind import StepKind
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
+    JOINS_HEADER,
     STEP_HEADER,
     Envelope,
 )
@@ -51,12 +52,13 @@ class StepEnvelopes:
     def request(
         self, message: BaseModel, step: StepKind, key: str, message_id: UUID | None
     ) -> Envelope:
-        """``message`` sent forward for ``step`` under idempotency key ``key``."""
+        """``message`` sent forward for ``step`` under idempotency key ``key``; a member of
+        a parallel group says how many replies the group joins."""
+        headers = {STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: key}
+        if joined := self.saga.joined_replies(step.name):
+            headers[JOINS_HEADER] = str(joined)
         return self._wrap(
-            message,
-            reply_to=self.home_service,
-            headers={STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: key},
-            message_id=message_id,
+            message, reply_to=self.home_service, headers=headers, message_id=message_id
         )
 
     def undo(

@@ -13,6 +13,7 @@ from saga.handlers.batching import StagedWrites
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
+    JOINS_HEADER,
     STEP_HEADER,
     Envelope,
 )
@@ -142,13 +143,14 @@ class HandlerContext:
         """Send ``message`` to the sender's ``reply_to``; None when the sender asked for none.
 
         The reply names the step (and the step a compensation undoes) of the request, so
-        a saga that has moved on still knows what a late answer is about.
+        a saga that has moved on still knows what a late answer is about, and how many
+        replies its parallel group joins.
         """
         if not self.envelope.reply_to:
             return None
         headers = {
             name: value
-            for name in (STEP_HEADER, COMPENSATES_HEADER)
+            for name in (STEP_HEADER, COMPENSATES_HEADER, JOINS_HEADER)
             if (value := self.envelope.headers.get(name)) is not None
         }
         message_id = self.send(message, to=self.envelope.reply_to, headers=headers)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import psycopg
 from pydantic import BaseModel
@@ -18,7 +18,7 @@ from saga.db.sql import validate_name
 from saga.errors import ConfigurationError
 from saga.handlers.batching import BatchWriting
 from saga.handlers.retry import RetryPolicy
-from saga.messaging.envelope import message_type_of
+from saga.messaging.envelope import Envelope, message_type_of
 
 if TYPE_CHECKING:
     from saga.handlers.context import HandlerContext
@@ -45,6 +45,16 @@ class HandlerSpec:
         return getattr(self.func, "__qualname__", repr(self.func))
 
 
+class ReplyJoining(Protocol):
+    """Which deliveries have siblings on their way (the replies of a saga's parallel
+    group): the consumer waits a moment for those before handling one alone."""
+
+    #: the message types that may have siblings (checked before a body is decoded)
+    types: frozenset[str]
+
+    def more_to_come(self, envelope: Envelope) -> bool: ...
+
+
 class Service:
     """Handlers for the messages sent to one destination (the service's queue).
 
@@ -61,6 +71,8 @@ class Service:
         self.connect_hooks: list[Callable[[psycopg.Connection[Any]], None]] = []
         #: Set by a service that stages a batch's writes and writes them at once.
         self.batch_writing: BatchWriting | None = None
+        #: Set by a service whose replies come in groups (a saga registry with parallel steps).
+        self.reply_joins: ReplyJoining | None = None
         #: The framework schema the handlers write to themselves (a saga registry's), if
         #: any: the consumer running them must use the same one.
         self.schema: str | None = None

@@ -31,6 +31,11 @@ IDEMPOTENCY_KEY_HEADER = "idempotency_key"
 #: records that key as closed, and refuses a forward command for it that comes later.
 COMPENSATES_HEADER = "compensates"
 
+#: Header on a command and its reply: how many replies the step's parallel group joins,
+#: the step's among them. A hint for the consumer of the saga's home: it waits a moment
+#: for the siblings of a reply that arrives alone (saga.engine.reply_joins).
+JOINS_HEADER = "joins"
+
 #: Broker header (not part of the signed body): when the message's outbox row committed,
 #: in epoch seconds, where its publisher knows it. For latency metrics only.
 COMMITTED_AT_HEADER = "committed_at"

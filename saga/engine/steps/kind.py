@@ -161,6 +161,13 @@ class StepKind(ABC):
         (a published event a wait ends on is subscribed to, not a reply)."""
         return ()
 
+    def joined_replies(self) -> tuple[StepKind, ...]:
+        """The steps in this one that answer at about the same time and are all awaited
+        before the saga goes on (a parallel group's remote members): the consumer of the
+        saga's home waits a moment for the rest when one answers alone
+        (:mod:`saga.engine.reply_joins`)."""
+        return ()
+
     # fields every kind declares (dataclass fields in the subclasses)
     if TYPE_CHECKING:
         name: str

@@ -225,6 +225,11 @@ class ParallelGroup(StepKind):
     def expects(self) -> tuple[type[BaseModel], ...]:
         return tuple(reply for member in self.members for reply in member.expects())
 
+    def joined_replies(self) -> tuple[StepKind, ...]:
+        # the remote members that always start (a conditional one may not answer at all)
+        answering = tuple(m for m in self.members if isinstance(m, RemoteStep) and m.when is None)
+        return answering if len(answering) > 1 else ()
+
     def problems(
         self, saga: Saga[Any], index: int, routes: dict[type[BaseModel], str]
     ) -> list[str]:
