@@ -287,6 +287,8 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
                 half_e2e = saga_e2e.end_to_end(bench, half_rate, half_sagas, create_order_v2)
                 cpu_half = profile.CpuSnapshot(bench).system_seconds() - cpu_before.system_seconds()
             half = half_e2e.measurement
+            with console.status("letting the server settle (checkpoint, autovacuum)"):
+                bench.settle()
             with console.status(
                 f"order saga, idle: {args.idle_sagas} sagas on v2 and on v1 (sequential), "
                 "alternating, 1 a second"

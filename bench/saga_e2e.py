@@ -271,6 +271,21 @@ class Bench:
             orders / elapsed, steps / elapsed, _percentiles(delta), batch_mean, transactions
         )
 
+    def settle(self, timeout: float = 120.0) -> None:
+        """Let the server finish what the runs before left it (a checkpoint, autovacuum of
+        the tables they filled), so that an idle measurement does not take that for the
+        framework's cost; gives up waiting after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self.system.connect("orders", autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+                ).fetchone()
+                if not row or row[0] == 0:
+                    return
+                time.sleep(0.5)
+
     def consumer_rss_mb(self, service: str = "orders") -> float:
         pid = self.supervisor.processes[service].proc.pid
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -50,7 +50,10 @@ RETURNING version
 
 _LOAD_MANY = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = ANY(%b::uuid[])"
 
-#: Every saga a batch changed, in one statement: the rows travel as one JSON array.
+#: Every saga a batch changed, in one statement: the rows travel as one JSON array. The
+#: ids again as an array, so that the sagas are found by their key: the planner guesses
+#: 100 rows for any jsonb_to_recordset and, without ``id = ANY(...)``, hash-joined them
+#: with a scan of the whole table (1.3 ms at 6,000 sagas, growing with the table).
 _UPDATE_MANY = """
 UPDATE {schema}.saga_instances AS s SET
     status = v.status, step = v.step, data = v.data, completed_steps = v.completed_steps,
@@ -65,7 +68,7 @@ FROM jsonb_to_recordset(%s) AS v(
     pending_message_id uuid, step_attempt int, cancel_requested boolean, pivot_reached boolean,
     last_error text, step_started_at timestamptz, failed_step text, step_state jsonb,
     ended boolean)
-WHERE s.id = v.id AND s.version = v.version
+WHERE s.id = ANY(%b::uuid[]) AND s.id = v.id AND s.version = v.version
 RETURNING s.id
 """
 
@@ -276,6 +279,11 @@ class SagaStore:
         rows = cur.execute(self._load_many, (list(saga_ids),), prepare=True).fetchall()
         return {row["id"]: _record(row) for row in rows}
 
+    def update_many_statement(self, records: Sequence[SagaRecord]) -> tuple[str, tuple[Any, ...]]:
+        """The statement (and its parameters) :meth:`save_many` writes ``records`` with."""
+        rows = [_row_document(record) for record in records]
+        return self._update_many, (Jsonb(rows), [record.id for record in records])
+
     def save_many(self, tx: Tx, records: Sequence[SagaRecord]) -> None:
         """Write every record in one statement, each only if unchanged since it was read.
 
@@ -284,8 +292,8 @@ class SagaStore:
         """
         if not records:
             return
-        rows = [_row_document(record) for record in records]
-        saved = {row[0] for row in tx.execute(self._update_many, (Jsonb(rows),), prepare=True)}
+        statement, params = self.update_many_statement(records)
+        saved = {row[0] for row in tx.execute(statement, params, prepare=True)}
         changed = [str(record.id) for record in records if record.id not in saved]
         if changed:
             raise ConcurrentUpdate(f"sagas changed meanwhile: {', '.join(changed)}")

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
 import pytest
+from psycopg import sql
 from pydantic import BaseModel
 
 from saga import HandlerContext, Saga, SagaRegistry, Service, StepFailed, Tx
 from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
+from saga.engine.store import SagaStore
 from saga.errors import BatchConflict
 from saga.handlers.retry import RetryPolicy
 from saga.messaging.control import Signal
@@ -217,3 +220,37 @@ def test_a_lock_conflict_sends_the_batch_back_without_writing_anything(
     for reply in replies:  # what the worker then does: one delivery per transaction
         assert _handle(db, [reply])[0] == [DeliveryOutcome.HANDLED]
     assert set(_statuses(db).values()) == {("running", "approve")}
+
+
+@pytest.mark.parametrize("plan", ["custom", "generic"])
+def test_a_batch_writes_its_sagas_found_by_key_however_many_there_are(
+    db: TestDatabase, plan: str
+) -> None:
+    _start(db, [Order(order_id="k1"), Order(order_id="k2")])
+    db.execute(
+        "INSERT INTO saga.saga_instances (id, name, saga_version, service, status, data) "
+        "SELECT gen_random_uuid(), 'other', 1, 'orders', 'completed', '{}' "
+        "FROM generate_series(1, 5000)"
+    )
+    db.execute("ANALYZE saga.saga_instances")
+    store = SagaStore("saga")
+    with psycopg.connect(db.url) as conn:
+        records = list(store.load_many(conn, [_saga_id(db, "k1"), _saga_id(db, "k2")]).values())
+        statement, (rows, ids) = store.update_many_statement(records)
+        if plan == "custom":
+            explained = conn.execute(f"EXPLAIN {statement}", (rows, ids))
+        else:  # as a prepared statement's plan may end up: made for any parameters
+            conn.execute(
+                "PREPARE update_many AS " + statement.replace("%s", "$1", 1).replace("%b", "$2", 1)
+            )
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            call = sql.SQL("EXPLAIN EXECUTE update_many({}, {})")
+            explained = conn.execute(call.format(sql.Literal(rows), sql.Literal(ids)))
+        shown = "\n".join(row[0] for row in explained)
+    assert "Seq Scan on saga_instances" not in shown, shown
+    assert "saga_instances_pkey" in shown, shown
+
+
+def _saga_id(db: TestDatabase, order_id: str) -> UUID:
+    query = "SELECT id FROM saga.saga_instances WHERE data->>'order_id' = %s"
+    return UUID(str(db.scalar(query, (order_id,))))
