@@ -24,7 +24,9 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -71,10 +73,7 @@ def end_to_end(
     ``saga`` is the version of the order saga they start on (``create_order_v1`` reserves
     stock and credit one after the other, the default reserves them at once)."""
     measured = bench.measure(sagas, rate=rate, saga=saga)
-    durations = bench.durations_ms(bench.last_batch)
-    if len(durations) != sagas:
-        raise RuntimeError(f"{len(durations)} sagas of the batch found, {sagas} started")
-    return EndToEnd(rate, sagas, _exact_percentiles(durations), measured)
+    return _read(bench, bench.last_batch, rate, sagas, measured)
 
 
 def end_to_end_alternating(
@@ -87,13 +86,19 @@ def end_to_end_alternating(
     runs one after the other drift apart by more than the difference being measured."""
     batches = [bench.new_batch(sagas, saga) for saga in (first, second)]
     measured = bench.measure_alternating(batches, rate, (first, second))
-    results = []
-    for prefix, _ in batches:
-        durations = bench.durations_ms(prefix)
-        if len(durations) != sagas:
-            raise RuntimeError(f"{len(durations)} sagas of batch {prefix} found, {sagas} started")
-        results.append(EndToEnd(rate / 2, sagas, _exact_percentiles(durations), measured))
-    return results[0], results[1]
+    (first_prefix, _), (second_prefix, _) = batches
+    return (
+        _read(bench, first_prefix, rate / 2, sagas, measured),
+        _read(bench, second_prefix, rate / 2, sagas, measured),
+    )
+
+
+def _read(bench: Bench, batch: str, rate: float, sagas: int, measured: Measurement) -> EndToEnd:
+    """The end-to-end figures of the ``sagas`` of ``batch``, started ``rate`` a second."""
+    durations = bench.durations_ms(batch)
+    if len(durations) != sagas:
+        raise RuntimeError(f"{len(durations)} sagas of batch {batch} found, {sagas} started")
+    return EndToEnd(rate, sagas, _exact_percentiles(durations), measured)
 
 
 class Bench:
@@ -172,13 +177,10 @@ class Bench:
         """Submit ``orders`` (paced at ``rate`` per second if given) on ``saga`` and wait for
         all of them."""
         batch = self._new_orders(orders, saga)
-        before, before_steps = self._scrape_all(), self._steps()
-        started = time.monotonic()
         if rate is None:
-            workload.submit(self.system, batch, per_transaction=50, saga=saga)
-        else:
-            self._paced(batch, rate, saga)
-        return self._finished(orders, started, before, before_steps)
+            submit = partial(workload.submit, self.system, batch, per_transaction=50, saga=saga)
+            return self._timed(orders, submit)
+        return self._timed(orders, partial(self._paced, batch, rate, saga))
 
     def new_batch(self, orders: int, saga: Saga[OrderData]) -> tuple[str, list[OrderData]]:
         """``orders`` new orders for ``saga`` and the order-id prefix they share."""
@@ -199,14 +201,16 @@ class Bench:
             for orders in zip(*(batch for _, batch in batches), strict=True)
             for order, saga in zip(orders, sagas, strict=True)
         ]
-        before, before_steps = self._scrape_all(), self._steps()
-        started = time.monotonic()
-        with self.system.connect("orders") as conn:
-            for i, (order, saga) in enumerate(turns):
-                time.sleep(max(0.0, started + i / rate - time.monotonic()))
-                with conn.transaction():
-                    saga.start(conn, order, idempotency_key=order.order_id)
-        return self._finished(len(turns), started, before, before_steps)
+
+        def submit() -> None:
+            started = time.monotonic()
+            with self.system.connect("orders") as conn:
+                for i, (order, saga) in enumerate(turns):
+                    time.sleep(max(0.0, started + i / rate - time.monotonic()))
+                    with conn.transaction():
+                        saga.start(conn, order, idempotency_key=order.order_id)
+
+        return self._timed(len(turns), submit)
 
     def place_backlog(self, orders: int) -> None:
         """Start ``orders`` sagas with the orders relay stopped: their first commands wait
@@ -226,10 +230,7 @@ class Bench:
         orders, self._backlog = self._backlog, 0
         if not orders:
             raise RuntimeError("no backlog placed: call place_backlog first")
-        before, before_steps = self._scrape_all(), self._steps()
-        started = time.monotonic()
-        self.supervisor.resume("orders-relay")
-        return self._finished(orders, started, before, before_steps)
+        return self._timed(orders, partial(self.supervisor.resume, "orders-relay"))
 
     def durations_ms(self, batch: str) -> list[float]:
         """``finished_at - started_at`` in milliseconds of every finished saga of ``batch``."""
@@ -254,9 +255,12 @@ class Bench:
         self.submitted += orders
         return batch
 
-    def _finished(
-        self, orders: int, started: float, before: dict[str, list[str]], before_steps: int
-    ) -> Measurement:
+    def _timed(self, orders: int, submit: Callable[[], object]) -> Measurement:
+        """Run ``submit`` (it starts ``orders`` sagas, or lets them go) and wait for all of
+        them: their figures, from the consumers' metrics before and after."""
+        before, before_steps = self._scrape_all(), self._steps()
+        started = time.monotonic()
+        submit()
         self._wait_finished(self.submitted, timeout=600)
         elapsed = time.monotonic() - started
         after, steps = self._scrape_all(), self._steps() - before_steps

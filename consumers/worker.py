@@ -48,7 +48,7 @@ from saga.effects.side_effects import DEFAULT_LEASE as DEFAULT_SIDE_EFFECT_LEASE
 from saga.effects.side_effects import SideEffects
 from saga.errors import ConfigurationError, SagaError
 from saga.faults import fault_point
-from saga.handlers.service import Service
+from saga.handlers.service import DEFAULT_REPLY_LINGER, Service
 from saga.messaging.control import ResumeSaga
 from saga.messaging.envelope import CONTENT_TYPE, Envelope
 from saga.messaging.events import EventRecords
@@ -85,7 +85,7 @@ class ConsumerOptions:
     #: Seconds a reply that arrives alone waits for more deliveries when replies to its
     #: siblings (its saga's parallel group) are still to come, so that they are handled in
     #: one transaction instead of one behind the other (0: never waits).
-    reply_linger: float = 0.005
+    reply_linger: float = DEFAULT_REPLY_LINGER.total_seconds()
     #: Seconds the messages a batch wrote stay leased to this consumer: the relays take
     #: them only after that (when it died, or its publish failed).
     publish_lease: float = DEFAULT_LEASE.total_seconds()

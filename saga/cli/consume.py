@@ -29,10 +29,8 @@ from saga.cli.runtime import (
     topology,
 )
 from saga.cli.text import foreign
+from saga.handlers.service import DEFAULT_REPLY_LINGER
 from saga.messaging.leases import DEFAULT_LEASE
-
-#: ConsumerOptions.reply_linger's default, in milliseconds (a test keeps the two equal).
-DEFAULT_REPLY_LINGER_MS = 5.0
 
 
 def consume(
@@ -76,7 +74,7 @@ def consume(
             envvar="SAGA_REPLY_LINGER_MS",
             min=0.0,
         ),
-    ] = DEFAULT_REPLY_LINGER_MS,
+    ] = DEFAULT_REPLY_LINGER.total_seconds() * 1000,
     resume_stuck_after: Annotated[
         str | None,
         typer.Option(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import psycopg
@@ -43,6 +44,11 @@ class HandlerSpec:
     @property
     def name(self) -> str:
         return getattr(self.func, "__qualname__", repr(self.func))
+
+
+#: How long a consumer waits, by default, for the siblings of a reply that arrives alone
+#: (:class:`ReplyJoining`).
+DEFAULT_REPLY_LINGER = timedelta(milliseconds=5)
 
 
 class ReplyJoining(Protocol):

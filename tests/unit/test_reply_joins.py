@@ -4,12 +4,13 @@ only while siblings of a reply are still to come."""
 
 from __future__ import annotations
 
+import inspect
 from uuid import UUID, uuid4
 
 import pytest
 
 from saga import Saga
-from saga.cli.consume import DEFAULT_REPLY_LINGER_MS
+from saga.cli.consume import consume
 from saga.consumers.worker import ConsumerOptions
 from saga.engine import reply_joins
 from saga.engine.reply_joins import ReplyJoins
@@ -104,4 +105,5 @@ def test_the_oldest_sagas_are_forgotten_past_the_cap(monkeypatch: pytest.MonkeyP
 def test_the_linger_is_checked_and_the_command_line_default_is_the_options() -> None:
     with pytest.raises(ValueError, match="reply_linger must be 0 or more seconds, not -1"):
         ConsumerOptions(reply_linger=-1)
-    assert ConsumerOptions().reply_linger == DEFAULT_REPLY_LINGER_MS / 1000
+    default_ms = inspect.signature(consume).parameters["reply_linger_ms"].default
+    assert ConsumerOptions().reply_linger == default_ms / 1000
