@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from saga.examples.order_saga.processes import SagaProcess
@@ -96,12 +96,27 @@ def click_and_load(driver: webdriver.Chrome, element: WebElement) -> None:
     leaving = driver.find_element("tag name", "html")
     element.click()
     WebDriverWait(driver, PAGE_LOAD_S).until(
-        expected_conditions.staleness_of(leaving), f"no new page after {driver.current_url}"
+        lambda _: _detached(leaving), f"no new page after {driver.current_url}"
     )
     WebDriverWait(driver, PAGE_LOAD_S).until(
         lambda d: d.execute_script("return document.readyState") == "complete",
         f"{driver.current_url} did not finish loading",
     )
+
+
+def _detached(element: WebElement) -> bool:
+    """Whether ``element`` is no longer in the page. Caught between two pages, Chromium
+    may say so with an unknown error ("does not belong to the document") rather than a
+    stale-element one."""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in (exc.msg or ""):
+            return True
+        raise
+    return False
 
 
 def policy_violations(driver: webdriver.Chrome) -> list[str]:
