@@ -100,8 +100,9 @@ class _Script:
         self.used_keys: set[str] = set()
 
     def _uuid(self, value: str) -> str:
+        """The replayed UUID standing for ``value``, as uuid (parameters take it as text)."""
         n = self.uuids.setdefault(value, len(self.uuids) + 1)
-        return f"md5(:saga::text || '/{n}')::uuid::text"
+        return f"md5(:saga::text || '/{n}')::uuid"
 
     def _row_id(self, row: int) -> str:
         if row in self.row_vars:
@@ -123,7 +124,7 @@ class _Script:
         for m in UUID_PATTERN.finditer(value):
             if m.start() > at:
                 pieces.append(_literal(value[at : m.start()]))
-            pieces.append(self._uuid(m.group()))
+            pieces.append(f"{self._uuid(m.group())}::text")
             at = m.end()
         if at < len(value) or not pieces:
             pieces.append(_literal(value[at:]))
@@ -139,7 +140,10 @@ class _Script:
             if value is None:
                 rendered.append(f"NULL{cast}")
             else:
-                text = self._text(value, outbox)
+                # an outbox row's id is a bigint: an integer of another type (an attempt
+                # number in the same statement) is left as it is
+                ids = outbox and type_ in ("bigint", "bigint[]", "", "unknown")
+                text = self._text(value, ids)
                 rendered.append(f"({text}){cast}" if cast else text)
         text = _PLACEHOLDER.sub(lambda m: rendered[int(m[1]) - 1], statement.sql)
         inserted = self._inserted_rows(statement)
