@@ -83,7 +83,8 @@ class ConsumerOptions:
     #: safety net for anything this misses); cuts a relay poll out of every hop's latency.
     publish_after_commit: bool = True
     #: Seconds a reply that arrives alone waits for more deliveries when replies to its
-    #: siblings (its saga's parallel group) are still to come, so that they are handled in
+    #: siblings (the replies to the commands sent with its own: a parallel group's, a
+    #: fan-out's first items) are still to come, so that they are handled in
     #: one transaction instead of one behind the other (0: never waits).
     reply_linger: float = DEFAULT_REPLY_LINGER.total_seconds()
     #: Seconds the messages a batch wrote stay leased to this consumer: the relays take
@@ -333,20 +334,26 @@ class Worker:
         return joins.more_to_come(envelope)
 
     def _linger(self, conn: Connection) -> list[Message]:
-        """Wait up to ``reply_linger`` for the next delivery; the waiting ones, to handle
-        with the one taken (up to the prefetch)."""
+        """Wait up to ``reply_linger`` while the deliveries that come are replies with
+        siblings still to come; what came, to handle with the reply taken (up to the
+        prefetch). Anything else arriving, or the last sibling, ends the wait."""
         deadline = time.monotonic() + self.options.reply_linger
-        while not self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            try:
-                conn.drain_events(timeout=remaining)
-            except TimeoutError:
-                return []
-        self._take_waiting(conn)
-        more = self._buffer[: self.options.prefetch - 1]
-        del self._buffer[: len(more)]
+        more: list[Message] = []
+        while len(more) < self.options.prefetch - 1:
+            if not self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    conn.drain_events(timeout=remaining)
+                except TimeoutError:
+                    break
+            self._take_waiting(conn)
+            arrived = self._buffer[: self.options.prefetch - 1 - len(more)]
+            del self._buffer[: len(arrived)]
+            more += arrived
+            if not all([self._more_to_come(message) for message in arrived]):
+                break
         return more
 
     def _take_waiting(self, conn: Connection) -> None:

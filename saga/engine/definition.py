@@ -423,15 +423,6 @@ class Saga(Generic[D]):
             return routes[step.command_type]
         raise ConfigurationError(f"saga {self.name!r}: step {step.name!r} has no route")
 
-    def joined_replies(self, name: str) -> int:
-        """How many replies the step ``name`` answers together with (its parallel group's
-        remote members); 0 when its reply is awaited alone."""
-        for step in self.steps:
-            members = step.joined_replies()
-            if any(member.name == name for member in members):
-                return len(members)
-        return 0
-
     def start(self, tx: Tx, data: D, *, idempotency_key: str | None = None) -> UUID:
         """Start an instance in the caller's transaction (the saga must be registered)."""
         return self._home().start(tx, self, data, idempotency_key=idempotency_key)

@@ -20,7 +20,6 @@ from saga.engine.steps.kind import StepKind
 from saga.messaging.envelope import (
     COMPENSATES_HEADER,
     IDEMPOTENCY_KEY_HEADER,
-    JOINS_HEADER,
     STEP_HEADER,
     Envelope,
 )
@@ -52,11 +51,8 @@ class StepEnvelopes:
     def request(
         self, message: BaseModel, step: StepKind, key: str, message_id: UUID | None
     ) -> Envelope:
-        """``message`` sent forward for ``step`` under idempotency key ``key``; a member of
-        a parallel group says how many replies the group joins."""
+        """``message`` sent forward for ``step`` under idempotency key ``key``."""
         headers = {STEP_HEADER: step.name, IDEMPOTENCY_KEY_HEADER: key}
-        if joined := self.saga.joined_replies(step.name):
-            headers[JOINS_HEADER] = str(joined)
         return self._wrap(
             message, reply_to=self.home_service, headers=headers, message_id=message_id
         )

@@ -1,6 +1,7 @@
 """The consumer of a saga's home waits a moment for the replies of a parallel group's other
-members when one arrives alone, and handles them in one transaction, on RabbitMQ and on the
-PostgreSQL broker; with the wait turned off, each reply has a transaction of its own."""
+members (or of a fan-out's other items) when one arrives alone, and handles them in one
+transaction, on RabbitMQ and on the PostgreSQL broker; with the wait turned off, each reply
+has a transaction of its own."""
 
 from __future__ import annotations
 
@@ -38,9 +39,25 @@ with order.parallel("reserve"):
     order.remote("reserve_stock", service="stock", command=ReserveStock, reply=Reserved)
     order.remote("reserve_credit", service="credit", command=ReserveCredit, reply=Reserved)
 
+
+class Lines(BaseModel):
+    order_id: str
+    skus: list[str]
+
+
+class ReserveLine(BaseModel):
+    sku: str
+
+
+lined = Saga("lined_order", data=Lines)
+lined.for_each("reserve_lines", items=lambda d: d.skus, service="lines",
+               command=lambda d, sku: ReserveLine(sku=sku), reply=Reserved)  # fmt: skip
+
 registry = SagaRegistry("joined_orders")
 registry.register(order)
-stock, credit = Service("stock"), Service("credit")
+lined_registry = SagaRegistry("lined_orders")
+lined_registry.register(lined)
+stock, credit, lines = Service("stock"), Service("credit"), Service("lines")
 
 #: How much later than the stock's the credit's reply leaves: well inside the linger the
 #: test gives the home's consumer, and far longer than a consumer takes to pick one up.
@@ -58,11 +75,21 @@ def reserve_credit(tx: Tx, cmd: ReserveCredit, ctx: HandlerContext) -> Reserved:
     return Reserved(reference=f"c-{cmd.order_id}")
 
 
-def reply_transactions(db: TestDatabase) -> int:
+#: How long each line's reservation takes: its replies leave this far apart.
+LINE_TAKES = 0.1
+
+
+@lines.handler(ReserveLine)
+def reserve_line(tx: Tx, cmd: ReserveLine, ctx: HandlerContext) -> Reserved:
+    time.sleep(LINE_TAKES)  # a slower participant (not a wait for a condition)
+    return Reserved(reference=f"l-{cmd.sku}")
+
+
+def reply_transactions(db: TestDatabase, home: SagaRegistry = registry) -> int:
     """The transactions the home's consumer handled the replies in (an inbox row's
     ``received_at`` is its transaction's start)."""
     query = "SELECT count(DISTINCT received_at) FROM saga.inbox WHERE consumer = %s"
-    return int(db.scalar(query, (registry.service_name,)))
+    return int(db.scalar(query, (home.service_name,)))
 
 
 @pytest.mark.parametrize(("linger", "transactions"), [(5.0, 1), (0.0, 2)])
@@ -78,3 +105,19 @@ def test_the_replies_of_a_group_are_handled_together_when_the_home_waits_for_the
         saga_id = start(db, order, Order(order_id="o1"))
         settled(db, saga_id, "completed")
     assert reply_transactions(db) == transactions
+
+
+@pytest.mark.parametrize(("linger", "transactions"), [(5.0, 1), (0.0, 3)])
+def test_the_replies_of_a_fan_out_s_items_are_handled_together_when_the_home_waits_for_them(
+    db: TestDatabase, shared_event_broker: TestBroker, linger: float, transactions: int
+) -> None:
+    broker = shared_event_broker
+    with ExitStack() as stack:
+        stack.enter_context(running_relay(db, broker))
+        home = lined_registry.as_service()
+        stack.enter_context(running_service(home, db, broker, reply_linger=linger))
+        # one line at a time: each reply leaves in a transaction of its own, LINE_TAKES apart
+        stack.enter_context(running_service(lines, db, broker, prefetch=1))
+        saga_id = start(db, lined, Lines(order_id="o2", skus=["a", "b", "c"]))
+        settled(db, saga_id, "completed")
+    assert reply_transactions(db, lined_registry) == transactions

@@ -48,6 +48,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from saga.db.sql import validate_name
+from saga.engine.reply_joins import join_replies
 from saga.engine.state import Phase, SagaStatus
 from saga.engine.steps.kind import StepKind, StepShape
 from saga.engine.steps.options import Condition, StepRetry
@@ -144,6 +145,7 @@ class ForEach(StepKind):
             return t.record.status is SagaStatus.RUNNING
         t.record.step_state = state
         t.record.step_started_at = t.at
+        join_replies(t.outgoing, state["awaits"])
         self._settle(t, state)
         return False
 
@@ -471,6 +473,9 @@ class ForEach(StepKind):
 
     def expects(self) -> tuple[type[BaseModel], ...]:
         return (self.reply,) if self.reply is not None else ()
+
+    def joined_replies(self) -> tuple[StepKind, ...]:
+        return (self,)  # its first items answer at about the same time
 
     def problems(
         self, saga: Saga[Any], index: int, routes: dict[type[BaseModel], str]

@@ -162,10 +162,10 @@ class StepKind(ABC):
         return ()
 
     def joined_replies(self) -> tuple[StepKind, ...]:
-        """The steps in this one that answer at about the same time and are all awaited
-        before the saga goes on (a parallel group's remote members): the consumer of the
-        saga's home waits a moment for the rest when one answers alone
-        (:mod:`saga.engine.reply_joins`)."""
+        """The steps in this one whose replies may come several at a time, all awaited
+        before the saga goes on (a parallel group's remote members and fan-outs, a
+        fan-out's items): their reply types are the ones the consumer of the saga's home
+        looks at for the ``joins`` header (:mod:`saga.engine.reply_joins`)."""
         return ()
 
     # fields every kind declares (dataclass fields in the subclasses)

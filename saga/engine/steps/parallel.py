@@ -34,6 +34,7 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
+from saga.engine.reply_joins import join_replies
 from saga.engine.state import Phase, SagaStatus
 from saga.engine.steps.for_each import ForEach
 from saga.engine.steps.kind import StepKind, StepShape
@@ -88,6 +89,7 @@ class ParallelGroup(StepKind):
             if record.status is not SagaStatus.RUNNING:
                 return False  # a member failed: the saga compensates (the others are out)
         if record.step_state["awaits"]:
+            join_replies(t.outgoing, record.step_state["awaits"])
             self._settle(t)
             return False
         record.step_state = {}
@@ -226,9 +228,9 @@ class ParallelGroup(StepKind):
         return tuple(reply for member in self.members for reply in member.expects())
 
     def joined_replies(self) -> tuple[StepKind, ...]:
-        # the remote members that always start (a conditional one may not answer at all)
-        answering = tuple(m for m in self.members if isinstance(m, RemoteStep) and m.when is None)
-        return answering if len(answering) > 1 else ()
+        answering = tuple(m for m in self.members if isinstance(m, RemoteStep | ForEach))
+        several = len(answering) > 1 or any(isinstance(m, ForEach) for m in answering)
+        return answering if several else ()
 
     def problems(
         self, saga: Saga[Any], index: int, routes: dict[type[BaseModel], str]
