@@ -69,7 +69,8 @@ def consume(
         typer.Option(
             "--reply-linger-ms",
             help="Milliseconds a reply that arrives alone waits for its siblings' replies "
-            "(sent with it: a parallel group's, a fan-out's first items), to handle them in one transaction; 0: never waits. "
+            "(sent with it: a parallel group's, a fan-out's first items), to handle them in "
+            "one transaction; 0: never waits. "
             "Env: SAGA_REPLY_LINGER_MS.",
             envvar="SAGA_REPLY_LINGER_MS",
             min=0.0,
