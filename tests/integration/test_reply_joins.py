@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -85,39 +86,36 @@ def reserve_line(tx: Tx, cmd: ReserveLine, ctx: HandlerContext) -> Reserved:
     return Reserved(reference=f"l-{cmd.sku}")
 
 
-def reply_transactions(db: TestDatabase, home: SagaRegistry = registry) -> int:
+def reply_transactions(db: TestDatabase, home: SagaRegistry) -> int:
     """The transactions the home's consumer handled the replies in (an inbox row's
     ``received_at`` is its transaction's start)."""
     query = "SELECT count(DISTINCT received_at) FROM saga.inbox WHERE consumer = %s"
     return int(db.scalar(query, (home.service_name,)))
 
 
-@pytest.mark.parametrize(("linger", "transactions"), [(5.0, 1), (0.0, 2)])
-def test_the_replies_of_a_group_are_handled_together_when_the_home_waits_for_them(
-    db: TestDatabase, shared_event_broker: TestBroker, linger: float, transactions: int
+#: Each case: the saga's home, the saga, its data, its participants with their consumer
+#: options, and the transactions its replies take when the home does not wait.
+Participants = list[tuple[Service, dict[str, Any]]]
+CASES: dict[str, tuple[SagaRegistry, Saga[Any], BaseModel, Participants, int]] = {
+    "group": (registry, order, Order(order_id="o1"), [(stock, {}), (credit, {})], 2),
+    # one line at a time: each reply leaves in a transaction of its own, LINE_TAKES apart
+    "fan-out": (lined_registry, lined, Lines(order_id="o2", skus=["a", "b", "c"]),
+                [(lines, {"prefetch": 1})], 3),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("linger", [5.0, 0.0])
+def test_replies_sent_together_are_handled_together_when_the_home_waits_for_them(
+    db: TestDatabase, shared_event_broker: TestBroker, case: str, linger: float
 ) -> None:
+    home, saga, data, participants, apart = CASES[case]
     broker = shared_event_broker
     with ExitStack() as stack:
         stack.enter_context(running_relay(db, broker))
-        stack.enter_context(running_service(registry.as_service(), db, broker, reply_linger=linger))
-        stack.enter_context(running_service(stock, db, broker))
-        stack.enter_context(running_service(credit, db, broker))
-        saga_id = start(db, order, Order(order_id="o1"))
+        stack.enter_context(running_service(home.as_service(), db, broker, reply_linger=linger))
+        for participant, options in participants:
+            stack.enter_context(running_service(participant, db, broker, **options))
+        saga_id = start(db, saga, data)
         settled(db, saga_id, "completed")
-    assert reply_transactions(db) == transactions
-
-
-@pytest.mark.parametrize(("linger", "transactions"), [(5.0, 1), (0.0, 3)])
-def test_the_replies_of_a_fan_out_s_items_are_handled_together_when_the_home_waits_for_them(
-    db: TestDatabase, shared_event_broker: TestBroker, linger: float, transactions: int
-) -> None:
-    broker = shared_event_broker
-    with ExitStack() as stack:
-        stack.enter_context(running_relay(db, broker))
-        home = lined_registry.as_service()
-        stack.enter_context(running_service(home, db, broker, reply_linger=linger))
-        # one line at a time: each reply leaves in a transaction of its own, LINE_TAKES apart
-        stack.enter_context(running_service(lines, db, broker, prefetch=1))
-        saga_id = start(db, lined, Lines(order_id="o2", skus=["a", "b", "c"]))
-        settled(db, saga_id, "completed")
-    assert reply_transactions(db, lined_registry) == transactions
+    assert reply_transactions(db, home) == (1 if linger else apart)
