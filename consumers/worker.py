@@ -352,6 +352,7 @@ class Worker:
             arrived = self._buffer[: self.options.prefetch - 1 - len(more)]
             del self._buffer[: len(arrived)]
             more += arrived
+            # a list, not a generator: every arrival is counted among its saga's replies seen
             if not all([self._more_to_come(message) for message in arrived]):
                 break
         return more
