@@ -48,7 +48,9 @@ class RelayOptions:
     batch_size: int = 500
     max_publish_attempts: int = 5
     retry_base_delay: float = 1.0
-    idle_poll_min: float = 0.005
+    #: The wait after a batch that did not fill (and the first after one that found
+    #: nothing, doubling up to ``idle_poll_max``); a ``NOTIFY`` ends any wait early.
+    idle_poll_min: float = 0.010
     idle_poll_max: float = 1.0
     promote_interval: float = 0.2
     declare_queues: bool = True
@@ -253,8 +255,12 @@ class Relay:
             if now - last_heartbeat >= 1.0:
                 self._heartbeat()
                 last_heartbeat = now
-            if report.claimed:
+            if report.claimed >= self.options.batch_size:  # more are waiting: at once
                 idle = self.options.idle_poll_min
+                continue
+            if report.claimed:  # the outbox is drained: a poll now would find nothing
+                idle = self.options.idle_poll_min
+                self._wait(stop, idle)
                 continue
             self._heartbeat()
             self._wait(stop, idle)
