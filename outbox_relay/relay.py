@@ -255,12 +255,10 @@ class Relay:
             if now - last_heartbeat >= 1.0:
                 self._heartbeat()
                 last_heartbeat = now
-            if report.claimed >= self.options.batch_size:  # more are waiting: at once
+            if report.claimed:
                 idle = self.options.idle_poll_min
-                continue
-            if report.claimed:  # the outbox is drained: a poll now would find nothing
-                idle = self.options.idle_poll_min
-                self._wait(stop, idle)
+                if report.claimed < self.options.batch_size:  # drained: a poll now finds nothing
+                    self._wait(stop, idle)
                 continue
             self._heartbeat()
             self._wait(stop, idle)
