@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from saga.db.sql import Tx, validate_name, validate_schema
 from saga.engine.state import SagaRecord, StepLogEntry
 from saga.engine.store import SagaStore
 from saga.messaging.dead_letters import DeadLetter, DeadLetterStore
-from saga.messaging.outbox import Outbox, OutgoingMessage
+from saga.messaging.outbox import EmbeddedInsert, NewOutboxRow, Outbox, OutgoingMessage
 
 
 class SagaHome:
@@ -21,6 +22,26 @@ class SagaHome:
         self.store = SagaStore(self.schema)
         self.dead_letters = DeadLetterStore(self.schema)
 
+    def start(
+        self,
+        tx: Tx,
+        record: SagaRecord,
+        fingerprint: str | None,
+        log: Sequence[StepLogEntry],
+        outgoing: Sequence[OutgoingMessage],
+        letters: Sequence[DeadLetter],
+    ) -> bool:
+        """Write a new saga as its first transition left it: its row, log and messages in
+        one statement, then its dead letters. False, and nothing of it left written, if
+        its idempotency key is taken."""
+        rows = self.outbox.rows(outgoing)  # serialized and checked before anything is written
+        messages = self.outbox.embedded_statement(rows)
+        written = self.store.insert_step(tx, record, fingerprint, log, messages)
+        if written is None:
+            return False
+        self._written(tx, rows, messages, written, letters)
+        return True
+
     def persist(
         self,
         tx: Tx,
@@ -31,18 +52,32 @@ class SagaHome:
     ) -> None:
         """Write a step's outcome: the saga row (if any), log, messages and dead letters.
 
-        The saga row, its log and messages leased to a consumer (a transition run by a
-        delivery) go in one statement; otherwise each kind goes in one of its own."""
+        The saga row, its log and messages go in one statement; without a saga row (or
+        with messages that take two statements), each kind goes in one of its own."""
         rows = self.outbox.rows(outgoing)  # serialized and checked once, whichever way
-        leased = self.outbox.leased_statement(rows) if record is not None else None
-        if record is not None and (leased is not None or not rows):
-            written = self.store.save_step(tx, record, log, leased)
-            if leased is not None:
-                self.outbox.take_leased(written)
+        messages = self.outbox.embedded_statement(rows)
+        if record is not None and (messages is not None or not rows):
+            written = self.store.save_step(tx, record, log, messages)
         else:
             if record is not None:
                 self.store.save(tx, record)
             self.store.log(tx, log)
+            messages, written = None, []
+        self._written(tx, rows, messages, written, letters)
+
+    def _written(
+        self,
+        tx: Tx,
+        rows: Sequence[NewOutboxRow],
+        messages: EmbeddedInsert | None,
+        written: Sequence[Any],
+        letters: Sequence[DeadLetter],
+    ) -> None:
+        """After the saga's statement: hand over the messages it wrote (``messages``, which
+        returned ``written``), or write ``rows`` now; then the dead letters."""
+        if messages is not None:
+            self.outbox.take_written(tx, messages, written)
+        else:
             self.outbox.insert_rows(tx, rows)
         for letter in letters:
             self.dead_letters.add(tx, letter)

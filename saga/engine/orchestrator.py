@@ -110,9 +110,10 @@ class Orchestrator:
             ):
                 run.advance(0)
                 result = run.result()
-                if not self.store.insert(tx, result.record, fingerprint):
+                if not self.home.start(
+                    tx, result.record, fingerprint, result.log, result.outgoing, result.dead_letters
+                ):
                     raise IdempotencyKeyTaken
-                self.home.persist(tx, None, result.log, result.outgoing, result.dead_letters)
                 if result.started_wait is not None:
                     self.events.deliver_early(tx, result.record, result.started_wait, None, None)
         except IdempotencyKeyTaken:

@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 from saga.db.sql import AsyncTx, Tx, render
 from saga.engine.state import SagaRecord, SagaStatus, SagaSummary, StepLogEntry
 from saga.errors import ConcurrentUpdate
+from saga.messaging.outbox import EmbeddedInsert
 
 _COLUMNS = """id, name, saga_version, service, status, step, data, completed_steps,
     pending_message_id, step_attempt, cancel_requested, pivot_reached, last_error, idempotency_key,
@@ -81,8 +82,17 @@ FROM jsonb_to_recordset(%s) AS v(
     finished_at timestamptz, error text, message_id uuid)
 """
 
-#: The row :meth:`SagaStore.save_step` returns for a saved saga, beside the written messages.
-_SAVED_MARK = "SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::bytea FROM saved"
+#: What :meth:`SagaStore._write_step` returns: a row with no id when the saga's row was
+#: written, beside the messages written (their leased columns, or their ids alone).
+_SAGA_MARK = "SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::bytea FROM saga_row"
+_WRITTEN_LEASED = "SELECT id, message_id, destination, message_type, body FROM written"
+_WRITTEN_IDS = "SELECT id, NULL::uuid, NULL::text, NULL::text, NULL::bytea FROM written"
+
+#: What a start whose idempotency key was taken wrote beside the saga row it could not.
+_FORGET_START = """
+WITH unsent AS (DELETE FROM {schema}.outbox WHERE id = ANY(%b::bigint[]))
+DELETE FROM {schema}.saga_steps WHERE saga_id = %s
+"""
 
 _LOG = """
 INSERT INTO {schema}.saga_steps
@@ -234,6 +244,8 @@ class SagaStore:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self._insert = render(_INSERT, schema)
+        self._insert_returning = self._insert + "RETURNING id\n"
+        self._forget_start = render(_FORGET_START, schema)
         self._by_key = render(_BY_KEY, schema)
         self._load = render(_LOAD, schema)
         self._update = render(_UPDATE, schema)
@@ -313,33 +325,65 @@ class SagaStore:
         tx: Tx,
         record: SagaRecord,
         log: Sequence[StepLogEntry],
-        messages: tuple[str, Sequence[Any]] | None,
+        messages: EmbeddedInsert | None,
     ) -> list[tuple[Any, ...]]:
-        """:meth:`save` and :meth:`log` and the insert ``messages`` (an outbox statement
-        returning rows, and its parameters) in ONE statement: what one transition of a
-        saga writes, in one round trip instead of three. Returns what ``messages``
-        returned; raises :class:`ConcurrentUpdate` (nothing is then to be committed: the
-        log and the messages were written all the same) if the saga changed since read."""
-        ctes = [f"saved AS ({self._update})"]
-        params: list[Any] = [*_state_params(record), record.id, record.version]
-        if log:
-            ctes.append(f"logged AS ({self._log_many})")
-            params.append(Jsonb([_log_document(entry) for entry in log]))
-        selects = [
-            "SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::bytea FROM saved"
-        ]
-        if messages is not None:
-            query, values = messages
-            ctes.append(f"written AS ({query})")
-            params += values
-            selects.append("SELECT id, message_id, destination, message_type, body FROM written")
-        statement = "WITH " + ",\n".join(ctes) + "\n" + "\nUNION ALL\n".join(selects)
-        returned = tx.execute(statement, params, prepare=True).fetchall()
-        written = [row for row in returned if row[0] is not None]
-        if len(written) == len(returned):  # no row came back from ``saved``
+        """:meth:`save` and :meth:`log` and the outbox insert ``messages`` in ONE statement:
+        what one transition of a saga writes, in one round trip instead of three. Returns
+        what ``messages`` returned; raises :class:`ConcurrentUpdate` (nothing is then to be
+        committed: the log and the messages were written all the same) if the saga changed
+        since read."""
+        params = [*_state_params(record), record.id, record.version]
+        saved, written = self._write_step(tx, self._update, params, log, messages)
+        if not saved:
             raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
         record.version += 1
         return written
+
+    def insert_step(
+        self,
+        tx: Tx,
+        record: SagaRecord,
+        fingerprint: str | None,
+        log: Sequence[StepLogEntry],
+        messages: EmbeddedInsert | None,
+    ) -> list[tuple[Any, ...]] | None:
+        """:meth:`insert` and :meth:`log` and the outbox insert ``messages`` in ONE
+        statement: a new saga as its first transition left it. Returns what ``messages``
+        returned; None if the saga's idempotency key is taken, and then nothing of it is
+        left written (its log and messages are deleted again)."""
+        params = _insert_params(record, fingerprint)
+        inserted, written = self._write_step(tx, self._insert_returning, params, log, messages)
+        if inserted:
+            return written
+        if log or written:
+            tx.execute(self._forget_start, ([row[0] for row in written], record.id))
+        return None
+
+    def _write_step(
+        self,
+        tx: Tx,
+        saga_statement: str,
+        saga_params: Sequence[Any],
+        log: Sequence[StepLogEntry],
+        messages: EmbeddedInsert | None,
+    ) -> tuple[bool, list[tuple[Any, ...]]]:
+        """Run ``saga_statement`` (an insert or update of the saga row, returning a row when
+        it wrote), the log and ``messages`` as one statement: (whether the saga row was
+        written, what ``messages`` returned)."""
+        ctes = [f"saga_row AS ({saga_statement})"]
+        params = list(saga_params)
+        if log:
+            ctes.append(f"logged AS ({self._log_many})")
+            params.append(Jsonb([_log_document(entry) for entry in log]))
+        selects = [_SAGA_MARK]
+        if messages is not None:
+            ctes.append(f"written AS ({messages.query})")
+            params += messages.params
+            selects.append(_WRITTEN_LEASED if messages.leased else _WRITTEN_IDS)
+        statement = "WITH " + ",\n".join(ctes) + "\n" + "\nUNION ALL\n".join(selects)
+        returned = tx.execute(statement, params, prepare=True).fetchall()
+        written = [row for row in returned if row[0] is not None]
+        return len(written) < len(returned), written
 
     def request_cancel(self, tx: Tx, saga_id: UUID, reason: str) -> bool:
         """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""

@@ -88,6 +88,16 @@ class NewOutboxRow(NamedTuple):
 Delay = datetime | timedelta | None
 
 
+class EmbeddedInsert(NamedTuple):
+    """An outbox insert to run inside a statement of the caller's
+    (:meth:`Outbox.embedded_statement`). Leased, it returns the columns of
+    :class:`~saga.messaging.leases.LeasedRow`; otherwise the row ids alone."""
+
+    query: str
+    params: list[Any]
+    leased: bool
+
+
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
     """One envelope bound for one destination (None: an event, for every subscriber of
@@ -278,21 +288,25 @@ class Outbox:
         columns = list(zip(*rows, strict=True))[:5]
         return self._insert_leased, [lease, *(list(column) for column in columns)]
 
-    def leased_statement(self, rows: Sequence[NewOutboxRow]) -> tuple[str, list[Any]] | None:
-        """The one statement (and its parameters) writing ``rows`` (from :meth:`rows`) leased
-        to the writer, for a caller to run as part of a statement of its own and hand what
-        it returned to :meth:`take_leased`; None when they are not written that way (no
-        leases active, none to write, or some held back: :meth:`insert_rows` writes them)."""
+    def embedded_statement(self, rows: Sequence[NewOutboxRow]) -> EmbeddedInsert | None:
+        """The one statement writing ``rows`` (from :meth:`rows`) as :meth:`insert_rows`
+        would, for a caller to run as part of a statement of its own and hand what it
+        returned to :meth:`take_written`; None when there are none, or they take two
+        statements (rows leased beside rows held back: :meth:`insert_rows` writes them)."""
         leases = active_leases()
-        if leases is None or not rows or any(held_back(row) for row in rows):
+        statements = self._statements(rows, leases)
+        if len(statements) != 1:
             return None
-        return self.leased_insert(rows, leases.lease)
+        query, params, leased = statements[0]
+        return EmbeddedInsert(query, list(params), leased)
 
-    def take_leased(self, returned: Sequence[Sequence[Any]]) -> None:
-        """Hand the rows a :meth:`leased_statement` returned to the active leases."""
-        leases = active_leases()
-        assert leases is not None
-        leases.add_written(returned)
+    def take_written(self, tx: Tx, statement: EmbeddedInsert, returned: Sequence[Any]) -> None:
+        """What an :meth:`embedded_statement` returned: its rows leased to the active leases,
+        or, unleased, announced to the relays (:meth:`written`)."""
+        leases = active_leases() if statement.leased else None
+        ids = self._returned(returned, leases)
+        if leases is None:
+            self.written(tx, ids)
 
     def written(self, tx: Tx, ids: Sequence[int]) -> None:
         """Announce outbox rows just written on ``tx`` by other means than :meth:`add`
@@ -345,7 +359,7 @@ class Outbox:
             statements.append((*self.leased_insert(now, leases.lease), True))
         return statements
 
-    def _returned(self, returned: list[tuple[Any, ...]], leases: Leases | None) -> list[int]:
+    def _returned(self, returned: Sequence[Sequence[Any]], leases: Leases | None) -> list[int]:
         """The ids an insert returned; rows it leased are handed to ``leases``."""
         if leases is None:
             return [row[0] for row in returned]

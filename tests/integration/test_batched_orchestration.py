@@ -158,7 +158,7 @@ def test_one_delivery_alone_is_written_directly(db: TestDatabase) -> None:
     outcomes, statements = _handle(db, [reply])
     assert outcomes == [DeliveryOutcome.HANDLED]
     assert _statuses(db) == {"alone": ("running", "approve")}
-    assert statements == 5  # inbox, read, save, log, timer: no savepoint, nothing shared
+    assert statements == 3  # inbox, read, the row with its log and timer: no savepoint
 
 
 def test_a_failing_local_step_spoils_only_its_own_saga(db: TestDatabase) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
@@ -192,6 +193,55 @@ def test_the_same_key_with_other_data_is_refused(db: TestDatabase) -> None:
     assert db.scalar("SELECT count(*) FROM saga.saga_instances") == 1
     assert db.scalar("SELECT count(*) FROM saga.outbox WHERE message_type = 'Charge'") == 1
     assert effects(db) == ["open"]
+
+
+def _remote_first() -> Saga[Basket]:
+    checkout = Saga("checkout", data=Basket)
+    checkout.remote("bill", service="billing", command=lambda d: Bill(basket_id=d.basket_id,
+                                                                      customer="c"))  # fmt: skip
+    SagaRegistry("shop").register(checkout)
+    return checkout
+
+
+@pytest.mark.parametrize("first_step", ["local", "remote"])
+def test_a_start_racing_another_with_its_key_leaves_nothing_of_its_own(
+    db: TestDatabase, first_step: str
+) -> None:
+    """The second of two starters with one key waits on the first's uncommitted row; once
+    that commits, the second returns the first's saga and nothing it wrote is left: not
+    its log, its messages or its local step's effects (the start writes them in the
+    statement that finds the key taken)."""
+    saga: Saga[Any] = trip if first_step == "local" else _remote_first()
+    data = TripData(trip_id="t10") if first_step == "local" else Basket(basket_id="b2")
+    counts = (
+        "SELECT (SELECT count(*) FROM saga.saga_instances), (SELECT count(*) FROM saga.outbox), "
+        "(SELECT count(*) FROM saga.saga_steps)"
+    )
+    with db.connect(autocommit=False) as first_conn, db.connect(autocommit=False) as second_conn:
+        first_id = saga.start(first_conn, data, idempotency_key="request-44")
+        alone = db.rows(counts)[0]  # nothing committed yet
+        assert alone == (0, 0, 0)
+        second: list[UUID] = []
+
+        def start_again() -> None:
+            second.append(saga.start(second_conn, data, idempotency_key="request-44"))
+
+        racer = threading.Thread(target=start_again)
+        racer.start()
+        wait_until(
+            lambda: db.scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                (second_conn.info.backend_pid,),
+            ),
+            what="the second start waiting on the first's key",
+        )
+        first_conn.commit()
+        once = db.rows(counts)[0]
+        racer.join(30)
+        assert second == [first_id]
+        second_conn.commit()
+    assert db.rows(counts)[0] == once
+    assert effects(db) == (["open"] if first_step == "local" else [])
 
 
 class Basket(BaseModel):
