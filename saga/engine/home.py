@@ -45,24 +45,16 @@ class SagaHome:
     def persist(
         self,
         tx: Tx,
-        record: SagaRecord | None,
+        records: Sequence[SagaRecord],
         log: Sequence[StepLogEntry],
         outgoing: Sequence[OutgoingMessage],
         letters: Sequence[DeadLetter],
     ) -> None:
-        """Write a step's outcome: the saga row (if any), log, messages and dead letters.
-
-        The saga row, its log and messages go in one statement; without a saga row (or
-        with messages that take two statements), each kind goes in one of its own."""
-        rows = self.outbox.rows(outgoing)  # serialized and checked once, whichever way
+        """Write what transitions decided: the saga rows, log and messages in one statement
+        (messages that take two statements apart), then the dead letters."""
+        rows = self.outbox.rows(outgoing)  # serialized and checked before anything is written
         messages = self.outbox.embedded_statement(rows)
-        if record is not None and (messages is not None or not rows):
-            written = self.store.save_step(tx, record, log, messages)
-        else:
-            if record is not None:
-                self.store.save(tx, record)
-            self.store.log(tx, log)
-            messages, written = None, []
+        written = self.store.save_steps(tx, records, log, messages)
         self._written(tx, rows, messages, written, letters)
 
     def _written(

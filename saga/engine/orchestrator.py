@@ -459,7 +459,7 @@ class Orchestrator:
         if batch is not None:
             batch.stage(result, transition.saga.name, metrics)
         else:
-            self.home.persist(tx, result.record, result.log, result.outgoing, result.dead_letters)
+            self.home.persist(tx, [result.record], result.log, result.outgoing, result.dead_letters)
             if metrics is not None and result.ended is not None:
                 metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
         if result.started_wait is not None:

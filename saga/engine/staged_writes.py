@@ -5,7 +5,7 @@ saga row the batch names in one statement, applies each delivery's transition to
 its own copy of the record (two deliveries for one saga apply in order, the
 second on the first's result), and stages what they decided. :meth:`StagedSagaWrites.flush`
 then writes every changed row (each guarded by the version it was read at), every
-step-log entry and every outgoing message in one statement each. A delivery whose
+step-log entry and every outgoing message in one statement. A delivery whose
 handler fails stages nothing, so the batch writes only what the committed
 deliveries decided.
 """
@@ -116,8 +116,8 @@ class StagedSagaWrites:
 
     def flush(self, tx: Tx) -> None:
         """Write the staged rows, log, messages and dead letters; count the ended sagas."""
-        self.home.store.save_many(tx, list(self._changed.values()))
-        self.home.persist(tx, None, self._log, self._outgoing, self._letters)
+        changed = list(self._changed.values())
+        self.home.persist(tx, changed, self._log, self._outgoing, self._letters)
         if self._metrics is not None:
             for name, status in self._ended:
                 self._metrics.saga_outcomes.labels(name, status).inc()

@@ -46,7 +46,7 @@ UPDATE {schema}.saga_instances SET
     finished_at = CASE WHEN %s THEN coalesce(finished_at, now()) ELSE NULL END,
     updated_at = now(), version = version + 1
 WHERE id = %s AND version = %s
-RETURNING version
+RETURNING id
 """
 
 _LOAD_MANY = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = ANY(%b::uuid[])"
@@ -70,7 +70,7 @@ FROM jsonb_to_recordset(%s) AS v(
     last_error text, step_started_at timestamptz, failed_step text, step_state jsonb,
     ended boolean)
 WHERE s.id = ANY(%b::uuid[]) AND s.id = v.id AND s.version = v.version
-RETURNING s.id
+RETURNING s.id AS id
 """
 
 _LOG_MANY = """
@@ -82,9 +82,10 @@ FROM jsonb_to_recordset(%s) AS v(
     finished_at timestamptz, error text, message_id uuid)
 """
 
-#: What :meth:`SagaStore._write_step` returns: a row with no id when the saga's row was
-#: written, beside the messages written (their leased columns, or their ids alone).
-_SAGA_MARK = "SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::bytea FROM saga_row"
+#: What :meth:`SagaStore._write_step` returns: a row with no outbox id for each saga row
+#: written (its id second), beside the messages written (their leased columns, or their
+#: ids alone).
+_SAGA_MARKS = "SELECT NULL::bigint, id, NULL::text, NULL::text, NULL::bytea FROM saga_rows"
 _WRITTEN_LEASED = "SELECT id, message_id, destination, message_type, body FROM written"
 _WRITTEN_IDS = "SELECT id, NULL::uuid, NULL::text, NULL::text, NULL::bytea FROM written"
 
@@ -291,26 +292,11 @@ class SagaStore:
         rows = cur.execute(self._load_many, (list(saga_ids),), prepare=True).fetchall()
         return {row["id"]: _record(row) for row in rows}
 
-    def update_many_statement(self, records: Sequence[SagaRecord]) -> tuple[str, tuple[Any, ...]]:
-        """The statement (and its parameters) :meth:`save_many` writes ``records`` with."""
+    def update_many_statement(self, records: Sequence[SagaRecord]) -> tuple[str, list[Any]]:
+        """The statement (and its parameters) :meth:`save_steps` writes several ``records``
+        with."""
         rows = [_row_document(record) for record in records]
-        return self._update_many, (Jsonb(rows), [record.id for record in records])
-
-    def save_many(self, tx: Tx, records: Sequence[SagaRecord]) -> None:
-        """Write every record in one statement, each only if unchanged since it was read.
-
-        Raises :class:`ConcurrentUpdate` naming the sagas that changed meanwhile (then
-        nothing of this batch may be committed: the caller rolls back).
-        """
-        if not records:
-            return
-        statement, params = self.update_many_statement(records)
-        saved = {row[0] for row in tx.execute(statement, params, prepare=True)}
-        changed = [str(record.id) for record in records if record.id not in saved]
-        if changed:
-            raise ConcurrentUpdate(f"sagas changed meanwhile: {', '.join(changed)}")
-        for record in records:
-            record.version += 1
+        return self._update_many, [Jsonb(rows), [record.id for record in records]]
 
     def save(self, tx: Tx, record: SagaRecord) -> None:
         """Write ``record`` if nobody changed it since it was read; bump its version."""
@@ -320,23 +306,31 @@ class SagaStore:
             raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
         record.version += 1
 
-    def save_step(
+    def save_steps(
         self,
         tx: Tx,
-        record: SagaRecord,
+        records: Sequence[SagaRecord],
         log: Sequence[StepLogEntry],
         messages: EmbeddedInsert | None,
     ) -> list[tuple[Any, ...]]:
-        """:meth:`save` and :meth:`log` and the outbox insert ``messages`` in ONE statement:
-        what one transition of a saga writes, in one round trip instead of three. Returns
-        what ``messages`` returned; raises :class:`ConcurrentUpdate` (nothing is then to be
-        committed: the log and the messages were written all the same) if the saga changed
-        since read."""
-        params = [*_state_params(record), record.id, record.version]
-        saved, written = self._write_step(tx, self._update, params, log, messages)
-        if not saved:
-            raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
-        record.version += 1
+        """What transitions of sagas write, in ONE statement: every row of ``records``
+        (each only if unchanged since it was read), the ``log`` and the outbox insert
+        ``messages``. Returns what ``messages`` returned. Raises :class:`ConcurrentUpdate`
+        naming the sagas that changed meanwhile (nothing may then be committed: the
+        caller rolls back; the rest was written all the same)."""
+        if len(records) == 1:
+            (record,) = records
+            statement, params = self._update, [*_state_params(record), record.id, record.version]
+        elif records:
+            statement, params = self.update_many_statement(records)
+        else:
+            statement, params = None, []
+        saved, written = self._write_step(tx, statement, params, log, messages)
+        changed = [str(record.id) for record in records if record.id not in saved]
+        if changed:
+            raise ConcurrentUpdate(f"sagas changed since they were read: {', '.join(changed)}")
+        for record in records:
+            record.version += 1
         return written
 
     def insert_step(
@@ -347,11 +341,11 @@ class SagaStore:
         log: Sequence[StepLogEntry],
         messages: EmbeddedInsert | None,
     ) -> list[tuple[Any, ...]] | None:
-        """:meth:`insert` and :meth:`log` and the outbox insert ``messages`` in ONE
+        """:meth:`insert` and the ``log`` and the outbox insert ``messages`` in ONE
         statement: a new saga as its first transition left it. Returns what ``messages``
         returned; None if the saga's idempotency key is taken, and then nothing of it is
         left written (its log and messages are deleted again)."""
-        params = _insert_params(record, fingerprint)
+        params = list(_insert_params(record, fingerprint))
         inserted, written = self._write_step(tx, self._insert_returning, params, log, messages)
         if inserted:
             return written
@@ -362,28 +356,31 @@ class SagaStore:
     def _write_step(
         self,
         tx: Tx,
-        saga_statement: str,
-        saga_params: Sequence[Any],
+        saga_statement: str | None,
+        saga_params: list[Any],
         log: Sequence[StepLogEntry],
         messages: EmbeddedInsert | None,
-    ) -> tuple[bool, list[tuple[Any, ...]]]:
-        """Run ``saga_statement`` (an insert or update of the saga row, returning a row when
-        it wrote), the log and ``messages`` as one statement: (whether the saga row was
-        written, what ``messages`` returned)."""
-        ctes = [f"saga_row AS ({saga_statement})"]
-        params = list(saga_params)
+    ) -> tuple[set[UUID], list[tuple[Any, ...]]]:
+        """Run ``saga_statement`` (an insert or update of saga rows returning the ids of
+        those it wrote; None: no saga row), the log and ``messages`` as one statement:
+        (the ids of the sagas written, what ``messages`` returned)."""
+        ctes, params, selects = [], list(saga_params), []
+        if saga_statement is not None:
+            ctes.append(f"saga_rows AS ({saga_statement})")
+            selects.append(_SAGA_MARKS)
         if log:
             ctes.append(f"logged AS ({self._log_many})")
             params.append(Jsonb([_log_document(entry) for entry in log]))
-        selects = [_SAGA_MARK]
         if messages is not None:
             ctes.append(f"written AS ({messages.query})")
             params += messages.params
             selects.append(_WRITTEN_LEASED if messages.leased else _WRITTEN_IDS)
-        statement = "WITH " + ",\n".join(ctes) + "\n" + "\nUNION ALL\n".join(selects)
+        if not ctes:
+            return set(), []
+        statement = "WITH " + ",\n".join(ctes) + "\n" + ("\nUNION ALL\n".join(selects) or "SELECT")
         returned = tx.execute(statement, params, prepare=True).fetchall()
-        written = [row for row in returned if row[0] is not None]
-        return len(written) < len(returned), written
+        saved = {row[1] for row in returned if row and row[0] is None}
+        return saved, [row for row in returned if row and row[0] is not None]
 
     def request_cancel(self, tx: Tx, saga_id: UUID, reason: str) -> bool:
         """Flag a running saga, before its pivot, to compensate when its pending reply arrives."""
@@ -558,7 +555,7 @@ def _record(row: dict[str, Any]) -> SagaRecord:
 
 
 def _row_document(record: SagaRecord) -> dict[str, Any]:
-    """``record`` as one element of the JSON array :meth:`SagaStore.save_many` sends."""
+    """``record`` as one element of the JSON array :meth:`SagaStore.save_steps` sends."""
     return {
         "id": str(record.id),
         "version": record.version,

@@ -132,9 +132,9 @@ def test_a_batch_of_replies_costs_fewer_statements_than_deliveries(db: TestDatab
 
     assert outcomes == [DeliveryOutcome.HANDLED] * 12
     assert set(_statuses(db).values()) == {("running", "approve")}
-    # lock timeout, inbox, read the sagas, the segment's savepoint, write the sagas, their
-    # log, their timeout timers
-    assert statements == 7
+    # lock timeout, inbox, read the sagas, the segment's savepoint, and the sagas with
+    # their log and their timeout timers in one statement
+    assert statements == 5
     assert db.scalar("SELECT count(*) FROM saga.saga_steps WHERE outcome = 'skipped'") == 12
     assert len(_outbox(db, "orders")) == 12  # each wait's timeout, in one insert
 
@@ -147,8 +147,8 @@ def test_local_steps_in_a_batch_share_their_segment_s_savepoint(db: TestDatabase
 
     assert outcomes == [DeliveryOutcome.HANDLED] * 12
     assert set(_statuses(db).values()) == {("running", "approve")}
-    # the seven of a batch, then each saga's local step: its insert alone
-    assert statements == 7 + 12
+    # the five of a batch, then each saga's local step: its insert alone
+    assert statements == 5 + 12
     assert db.scalar("SELECT count(*) FROM public.effects WHERE kind = 'record'") == 12
 
 

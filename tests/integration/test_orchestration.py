@@ -338,10 +338,10 @@ def test_a_saga_written_from_a_stale_copy_is_refused(db: TestDatabase, leased: b
         )  # fmt: skip
         note = OutgoingMessage(Envelope.wrap(Ack(), saga_id=record.id), "bank")
         with leasing(Leases()) if leased else nullcontext(), conn.transaction():
-            home.persist(conn, record, [entry], [note], [])
+            home.persist(conn, [record], [entry], [note], [])
 
     with db.connect(autocommit=False) as conn:
         write(conn, first)
-        with pytest.raises(ConcurrentUpdate, match="changed since version"):
+        with pytest.raises(ConcurrentUpdate, match="changed since they were read"):
             write(conn, second)
     assert db.rows(counts)[0] == (before[0] + 1, before[1] + 1)
