@@ -20,8 +20,10 @@ statement (:mod:`saga.consumers.closing`). The caller commits once for the whole
 batch, then acknowledges.
 
 A delivery alone in its transaction (the usual case below full load) runs with no
-savepoint: if its handler raises, the transaction rolls back and the delivery's
-failure path runs in a new one (:class:`~saga.errors.LoneDeliveryFailed`).
+savepoint, and so do deliveries that all concern one saga (a parallel group's replies
+handled together): if a handler raises, the transaction rolls back and a new one runs
+the deliveries before it again with care and the failed one's failure path
+(:class:`~saga.errors.LoneDeliveryFailed`).
 """
 
 from __future__ import annotations
@@ -186,12 +188,14 @@ class DeliveryBatchProcessor:
         Raises :class:`BatchConflict` when a handler hits a lock conflict in a batch of
         several: the caller then handles the deliveries one per transaction.
 
-        A delivery alone in its transaction runs with no savepoint: should its handler
-        fail, the whole transaction rolls back, and a new one takes its failure path
-        (the handler is not run again for that, as in a batch).
+        A delivery alone in its transaction runs with no savepoint, and so do deliveries
+        that all concern one saga (the replies of a parallel group, a fan-out's items),
+        with no lock timeout: should a handler fail, the whole transaction rolls back, and
+        a new one runs the deliveries before it again with care, takes its failure path
+        (the handler is not run again for that, as in a batch) and handles the rest.
         """
         checked = [self._check(delivery) for delivery in deliveries]
-        if len(deliveries) == 1 and not tracing.records_spans():
+        if _unguarded(checked) and not tracing.records_spans():
             try:
                 return self._transaction(tx, deliveries, checked, alone=True)
             except LoneDeliveryFailed as failed:
@@ -207,8 +211,8 @@ class DeliveryBatchProcessor:
         alone: bool = False,
         failed: LoneDeliveryFailed | None = None,
     ) -> list[DeliveryOutcome]:
-        """One transaction for ``deliveries``: alone (no savepoint, a failure rolls it all
-        back), or the failure path of the lone delivery that ``failed``, or a batch."""
+        """One transaction for ``deliveries``: ``alone`` (no savepoint, a failure rolls it
+        all back), or after the failure of one of those (``failed``), or a batch."""
         staged = self._staged = _Staged()
         self._scope = None
         self._in_batch = len(deliveries) > 1
@@ -216,7 +220,7 @@ class DeliveryBatchProcessor:
         if leases is not None:
             leases.written.clear()  # what a transaction rolled back before this one leased
         with conn.transaction():
-            if self._in_batch and self.batch_lock_timeout_ms:
+            if self._in_batch and not alone and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
             staged.fresh, staged.closed = self._open(conn, checked)
@@ -224,7 +228,7 @@ class DeliveryBatchProcessor:
             self._scope = self._open_scope(conn, checked, staged.fresh)
             items = list(zip(deliveries, checked, strict=True))
             if failed is not None:
-                outcomes = [self._careful(conn, *items[0], first_try=failed.first_try)]
+                outcomes = self._after_failure(conn, items, failed)
             else:
                 outcomes = self._handle_all(conn, items, alone)
             if self._scope is not None:
@@ -256,19 +260,36 @@ class DeliveryBatchProcessor:
         # exactly one span.
         if tracing.records_spans():
             return [self._careful(tx, delivery, item) for delivery, item in items]
-        if alone:
-            delivery, item = items[0]
-            outcome = self._handle(tx, delivery, item, careful=False)
-            if isinstance(outcome, DeliveryOutcome):
-                return [outcome]
-            # A handler that needed a savepoint to go on runs again with one; any other
-            # failure would have been the same with one: its first try is done.
-            raise LoneDeliveryFailed(None if isinstance(outcome, NeedsSavepoint) else outcome)
         outcomes: list[DeliveryOutcome] = []
+        if alone:
+            for index, (delivery, item) in enumerate(items):
+                outcome = self._handle(tx, delivery, item, careful=False)
+                if not isinstance(outcome, DeliveryOutcome):
+                    # A handler that needed a savepoint to go on runs again with one; any
+                    # other failure would have been the same with one: its first try is done.
+                    first_try = None if isinstance(outcome, NeedsSavepoint) else outcome
+                    raise LoneDeliveryFailed(first_try, index)
+                outcomes.append(outcome)
+            return outcomes
         while len(outcomes) < len(items):
             start = len(outcomes)
             outcomes += self._segment(tx, items[start : start + SEGMENT])
         return outcomes
+
+    def _after_failure(
+        self,
+        tx: Tx,
+        items: list[tuple[Delivery, Decoded | Rejection]],
+        failed: LoneDeliveryFailed,
+    ) -> list[DeliveryOutcome]:
+        """The deliveries of a transaction with no savepoint that ``failed``, in a new one:
+        those before the failed one with care, the failed one down its failure path with
+        its first try's error, the rest in segments."""
+        again = [self._careful(tx, d, item) for d, item in items[: failed.index]]
+        delivery, item = items[failed.index]
+        outcomes = [*again, self._careful(tx, delivery, item, first_try=failed.first_try)]
+        rest = items[failed.index + 1 :]
+        return outcomes + (self._handle_all(tx, rest, alone=False) if rest else [])
 
     def _segment(
         self, tx: Tx, items: list[tuple[Delivery, Decoded | Rejection]]
@@ -564,6 +585,15 @@ class DeliveryBatchProcessor:
                 f"handler {decoded.spec.name} returned a reply, but the "
                 f"{decoded.envelope.type} message has no reply_to"
             )
+
+
+def _unguarded(checked: list[Decoded | Rejection]) -> bool:
+    """Whether deliveries may run with no savepoint: one alone, or several that all
+    concern one saga (one saga's row and keys: no other batch's locks to wait for)."""
+    if len(checked) == 1:
+        return True
+    sagas = {item.envelope.saga_id if isinstance(item, Decoded) else None for item in checked}
+    return len(sagas) == 1 and None not in sagas
 
 
 def _sent_at(delivery: Delivery, created_at: float) -> float:

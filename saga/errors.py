@@ -154,16 +154,18 @@ class BatchConflict(SagaError):
 
 
 class LoneDeliveryFailed(SagaError):
-    """The handler of a delivery alone in its transaction (no savepoint) failed.
+    """The handler of a delivery handled with no savepoint (alone in its transaction, or
+    with others for the same saga) failed: the one at ``index`` of its transaction.
 
     The consumer runtime rolls the whole transaction back and takes the delivery's
     failure path in a new one; ``first_try`` is the handler's error (None: run it again
     with a savepoint, see :class:`NeedsSavepoint`).
     """
 
-    def __init__(self, first_try: Exception | None) -> None:
-        super().__init__(f"a lone delivery's handler failed: {first_try!r}")
+    def __init__(self, first_try: Exception | None, index: int) -> None:
+        super().__init__(f"a handler with no savepoint failed: {first_try!r}")
         self.first_try = first_try
+        self.index = index
 
 
 class NeedsSavepoint(SagaError):

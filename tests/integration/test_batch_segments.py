@@ -2,13 +2,15 @@
 
 Through :class:`DeliveryBatchProcessor` on a real PostgreSQL: the savepoint commands a batch
 sends are counted, and a handler that fails in the middle of a segment must leave
-every other delivery's effect exactly once and its own writes undone.
+every other delivery's effect exactly once and its own writes undone. Deliveries that all
+concern one saga take no savepoint at all.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
@@ -63,10 +65,12 @@ def _no_spans_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing, "records_spans", lambda: False)
 
 
-def _process(db: TestDatabase, messages: list[Write]) -> tuple[list[DeliveryOutcome], int]:
+def _process(
+    db: TestDatabase, messages: list[Write], saga_id: UUID | None = None
+) -> tuple[list[DeliveryOutcome], int]:
     db.execute(EFFECTS_DDL)
     runs.clear()
-    deliveries = [Delivery(Envelope.wrap(m).to_bytes(), JSON) for m in messages]
+    deliveries = [Delivery(Envelope.wrap(m, saga_id=saga_id).to_bytes(), JSON) for m in messages]
     with psycopg.connect(db.url, cursor_factory=SavepointCounter) as conn:
         SavepointCounter.sent = 0
         outcomes = DeliveryBatchProcessor(segmented).process(conn, deliveries)
@@ -133,3 +137,30 @@ def test_where_spans_are_recorded_every_delivery_has_its_own_savepoint(
     assert outcomes.count(DeliveryOutcome.HANDLED) == len(messages) - 1
     assert savepoints == len(messages)
     assert set(runs.values()) == {1}  # no handler ran twice
+
+
+def test_deliveries_for_one_saga_take_no_savepoint(db: TestDatabase) -> None:
+    """A parallel group's replies (or a fan-out's items) handled together: like a lone
+    delivery, no savepoint and no lock timeout; one saga's rows are all they touch."""
+    messages = [Write(key=f"w{i}") for i in range(3)]
+    outcomes, savepoints = _process(db, messages, saga_id=uuid4())
+    assert outcomes == [DeliveryOutcome.HANDLED] * 3
+    assert savepoints == 0
+    assert _written(db) == Counter(m.key for m in messages)
+    assert set(runs.values()) == {1}
+
+
+def test_a_failure_among_deliveries_for_one_saga_reruns_those_before_it_with_care(
+    db: TestDatabase,
+) -> None:
+    messages = [Write(key=f"w{i}") for i in range(5)]
+    messages[2] = Write(key="refused", fail="business")
+    outcomes, savepoints = _process(db, messages, saga_id=uuid4())
+    expected = [DeliveryOutcome.HANDLED] * 5
+    expected[2] = DeliveryOutcome.BUSINESS_FAILURE
+    assert outcomes == expected
+    assert _written(db) == Counter(["w0", "w1", "w3", "w4"])  # the refused write undone
+    # The first try had no savepoint: all of it rolled back; the two before the failure
+    # ran again, each in a savepoint, and the rest in a segment.
+    assert runs == Counter({"w0": 2, "w1": 2, "refused": 1, "w3": 1, "w4": 1})
+    assert savepoints == 2 + 1
