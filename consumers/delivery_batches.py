@@ -265,10 +265,7 @@ class DeliveryBatchProcessor:
             for index, (delivery, item) in enumerate(items):
                 outcome = self._handle(tx, delivery, item, careful=False)
                 if not isinstance(outcome, DeliveryOutcome):
-                    # A handler that needed a savepoint to go on runs again with one; any
-                    # other failure would have been the same with one: its first try is done.
-                    first_try = None if isinstance(outcome, NeedsSavepoint) else outcome
-                    raise LoneDeliveryFailed(first_try, index)
+                    raise LoneDeliveryFailed(outcome, index)
                 outcomes.append(outcome)
             return outcomes
         while len(outcomes) < len(items):
@@ -285,11 +282,24 @@ class DeliveryBatchProcessor:
         """The deliveries of a transaction with no savepoint that ``failed``, in a new one:
         those before the failed one with care, the failed one down its failure path with
         its first try's error, the rest in segments."""
-        again = [self._careful(tx, d, item) for d, item in items[: failed.index]]
-        delivery, item = items[failed.index]
-        outcomes = [*again, self._careful(tx, delivery, item, first_try=failed.first_try)]
+        outcomes = self._recover(tx, items[: failed.index], items[failed.index], failed.error)
         rest = items[failed.index + 1 :]
         return outcomes + (self._handle_all(tx, rest, alone=False) if rest else [])
+
+    def _recover(
+        self,
+        tx: Tx,
+        before: list[tuple[Delivery, Decoded | Rejection]],
+        failed: tuple[Delivery, Decoded | Rejection],
+        error: Exception,
+    ) -> list[DeliveryOutcome]:
+        """After the rollback of deliveries handled with no savepoint of their own: those
+        ``before`` the one that ``failed`` again, with care, then that one's failure path."""
+        again = [self._careful(tx, d, item) for d, item in before]
+        # A handler that needed a savepoint to go on runs again with one; any other
+        # failure would have been the same with one: its first try is done.
+        first_try = None if isinstance(error, NeedsSavepoint) else error
+        return [*again, self._careful(tx, *failed, first_try=first_try)]
 
     def _segment(
         self, tx: Tx, items: list[tuple[Delivery, Decoded | Rejection]]
@@ -313,11 +323,7 @@ class DeliveryBatchProcessor:
             self._staged.restore(mark)
             if scope is not None:
                 scope.restore(scope_mark)
-            again = [self._careful(tx, d, it) for d, it in items[: len(outcomes)]]
-            # A handler that needed a savepoint to go on runs again with one; any other
-            # failure would have been the same with one: its first try is done.
-            first_try = None if isinstance(outcome, NeedsSavepoint) else outcome
-            return [*again, self._careful(tx, delivery, item, first_try=first_try)]
+            return self._recover(tx, items[: len(outcomes)], (delivery, item), outcome)
         return outcomes
 
     # -- one delivery --------------------------------------------------------

@@ -158,13 +158,13 @@ class LoneDeliveryFailed(SagaError):
     with others for the same saga) failed: the one at ``index`` of its transaction.
 
     The consumer runtime rolls the whole transaction back and takes the delivery's
-    failure path in a new one; ``first_try`` is the handler's error (None: run it again
-    with a savepoint, see :class:`NeedsSavepoint`).
+    failure path in a new one; ``error`` is what the handler raised (a
+    :class:`NeedsSavepoint`: run it again with a savepoint).
     """
 
-    def __init__(self, first_try: Exception | None, index: int) -> None:
-        super().__init__(f"a handler with no savepoint failed: {first_try!r}")
-        self.first_try = first_try
+    def __init__(self, error: Exception, index: int) -> None:
+        super().__init__(f"a handler with no savepoint failed: {error!r}")
+        self.error = error
         self.index = index
 
 
