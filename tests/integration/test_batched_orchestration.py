@@ -2,7 +2,7 @@
 
 Every saga the batch names is read in one statement, every transition is decided
 in memory, and the changed rows, step-log entries and outgoing messages are
-written in one statement each. These tests drive the orchestrator's service
+written together in one statement. These tests drive the orchestrator's service
 through the consumer's :class:`DeliveryBatchProcessor` on a real PostgreSQL and count
 the statements the framework sends.
 """
