@@ -116,8 +116,9 @@ class StagedSagaWrites:
 
     def flush(self, tx: Tx) -> None:
         """Write the staged rows, log, messages and dead letters; count the ended sagas."""
-        changed = list(self._changed.values())
-        self.home.persist(tx, changed, self._log, self._outgoing, self._letters)
+        self.home.persist(
+            tx, list(self._changed.values()), self._log, self._outgoing, self._letters
+        )
         if self._metrics is not None:
             for name, status in self._ended:
                 self._metrics.saga_outcomes.labels(name, status).inc()

@@ -265,14 +265,6 @@ class SagaStore:
         self._migrate_batch = render(_MIGRATE_BATCH, schema)
         self._list = render(LIST_SAGAS, schema)
 
-    def insert(self, tx: Tx, record: SagaRecord, fingerprint: str | None = None) -> bool:
-        """Insert a new saga; False (nothing written) if its idempotency key is taken.
-
-        ``fingerprint`` (of the data it started with) is kept with the key.
-        """
-        params = _insert_params(record, fingerprint)
-        return tx.execute(self._insert, params, prepare=True).rowcount == 1
-
     def find_by_key(self, tx: Tx, name: str, key: str) -> tuple[UUID, str | None] | None:
         """The saga started under ``key`` and the fingerprint of the data it started with."""
         row = tx.execute(self._by_key, (name, key)).fetchone()
@@ -297,14 +289,6 @@ class SagaStore:
         with."""
         rows = [_row_document(record) for record in records]
         return self._update_many, [Jsonb(rows), [record.id for record in records]]
-
-    def save(self, tx: Tx, record: SagaRecord) -> None:
-        """Write ``record`` if nobody changed it since it was read; bump its version."""
-        params = (*_state_params(record), record.id, record.version)
-        cur = tx.execute(self._update, params, prepare=True)
-        if cur.fetchone() is None:
-            raise ConcurrentUpdate(f"saga {record.id} changed since version {record.version}")
-        record.version += 1
 
     def save_steps(
         self,
@@ -341,10 +325,10 @@ class SagaStore:
         log: Sequence[StepLogEntry],
         messages: EmbeddedInsert | None,
     ) -> list[tuple[Any, ...]] | None:
-        """:meth:`insert` and the ``log`` and the outbox insert ``messages`` in ONE
-        statement: a new saga as its first transition left it. Returns what ``messages``
-        returned; None if the saga's idempotency key is taken, and then nothing of it is
-        left written (its log and messages are deleted again)."""
+        """A new saga's row (as its first transition left it, ``fingerprint`` kept with its
+        idempotency key), the ``log`` and the outbox insert ``messages`` in ONE statement.
+        Returns what ``messages`` returned; None if the saga's idempotency key is taken,
+        and then nothing of it is left written (its log and messages are deleted again)."""
         params = list(_insert_params(record, fingerprint))
         inserted, written = self._write_step(tx, self._insert_returning, params, log, messages)
         if inserted:
@@ -475,7 +459,8 @@ class AsyncSagaStore:
         record: SagaRecord,
         fingerprint: str | None = None,
     ) -> bool:
-        """See :meth:`SagaStore.insert`."""
+        """Insert a new saga; False (nothing written) if its idempotency key is taken.
+        ``fingerprint`` (of the data it started with) is kept with the key."""
         params = _insert_params(record, fingerprint)
         cur = await tx.execute(self.store._insert, params, prepare=True)
         return cur.rowcount == 1
