@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import select
 import threading
 import time
 from dataclasses import dataclass
@@ -243,22 +245,24 @@ class Relay:
         last_promote = 0.0
         last_prune = last_heartbeat = time.monotonic()
         while not stop.is_set():
+            # the batch first: a wake-up's rows leave before any housekeeping
+            report = self.relay_batch()
             now = time.monotonic()
+            promoted = 0
             if now - last_promote >= self.options.promote_interval:
-                self.promote_due()
+                promoted = self.promote_due()
                 last_promote = now
             interval = self.options.prune_interval
             if interval is not None and now - last_prune >= interval:
                 self._prune_a_little()
                 last_prune = now
-            report = self.relay_batch()
             if now - last_heartbeat >= 1.0:
                 self._heartbeat()
                 last_heartbeat = now
-            if report.claimed:
+            if report.claimed or promoted:
                 idle = self.options.idle_poll_min
-                if report.claimed < self.options.batch_size:  # drained: a poll now finds nothing
-                    self._wait(stop, idle)
+                if report.claimed < self.options.batch_size and not promoted:
+                    self._wait(stop, idle)  # drained: a poll now finds nothing
                 continue
             self._heartbeat()
             self._wait(stop, idle)
@@ -286,17 +290,24 @@ class Relay:
             logger.info("pruned %s", report.deleted)
 
     def _wait(self, stop: threading.Event, seconds: float) -> None:
+        """Wait ``seconds``, or less if a ``NOTIFY`` comes (or ``stop`` is set).
+
+        The LISTEN socket is polled here in whole milliseconds, rounded up: psycopg's own
+        wait rounds down and would spin through the last millisecond of every wait."""
         listen = self._listen
         if listen is None:  # polling only
             stop.wait(seconds)
             return
+        poller = select.poll()
+        poller.register(listen.fileno(), select.POLLIN)
         deadline = time.monotonic() + seconds
         while not stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            for _ in listen.notifies(timeout=min(remaining, 0.25), stop_after=1):
-                return
+            if poller.poll(math.ceil(min(remaining, 0.25) * 1000)):
+                for _ in listen.notifies(timeout=0, stop_after=1):
+                    return
 
     def _heartbeat(self) -> None:
         """Read what the broker sent (its heartbeats) and send ours when due.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
@@ -19,6 +21,7 @@ from saga.broker.reconnect import transient_errors
 from saga.db.sql import render
 from saga.errors import UnsafeDurability
 from saga.messaging.envelope import Envelope
+from saga.messaging.outbox import wake_channel
 from saga.outbox_relay import Relay, RelayOptions
 from saga.outbox_relay.claims import _CLAIM, RelayStore
 from saga.outbox_relay.sweep_floor import SweepFloor
@@ -304,3 +307,25 @@ def test_a_poll_that_finds_nothing_is_one_statement_outside_any_transaction(
     assert len(polls) == 11, polls
     assert all(len(t.statements) == 1 for t in polls), [t.statements for t in polls]
     assert _texts(rabbit.receive("notes", 1)) == ["after the polls"]
+
+
+def test_a_waiting_relay_sleeps_until_its_time_or_a_notify(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """Between polls the relay sleeps on its LISTEN socket: next to no CPU (it does not spin
+    through the last fraction of a millisecond of each wait), and a NOTIFY ends the wait."""
+    stop = threading.Event()
+    with _relay(db, rabbit) as relay:
+        cpu, started = time.thread_time(), time.monotonic()
+        for _ in range(40):
+            relay._wait(stop, 0.0049)
+        cpu, waited = time.thread_time() - cpu, time.monotonic() - started
+        assert cpu < 0.1 * waited, f"{cpu * 1000:.1f} ms of CPU in {waited * 1000:.0f} ms of waits"
+        db.execute(f"NOTIFY {wake_channel('saga')}")
+        waiting = threading.Thread(target=relay._wait, args=(stop, 3600.0))
+        waiting.start()
+        waiting.join(60)
+        woken = not waiting.is_alive()
+        stop.set()  # ends the wait if the NOTIFY did not
+        waiting.join(60)
+    assert woken, "the NOTIFY did not end the wait"
