@@ -4,7 +4,8 @@ One statement, whatever the batch holds (writable CTEs): the outbox rows its han
 sent, leased to this consumer (:mod:`saga.messaging.leases`); the replies kept with
 their inbox rows; which of the rows leased earlier in the transaction are still there
 (a savepoint that rolled back took its rows with it, and they must not be published);
-and the deletion of the rows this consumer published after earlier commits. Run at the
+the deletion of the rows this consumer published after earlier commits, and the count of
+the events among them that reached no subscriber. Run at the
 top level of the transaction, after every savepoint, so nothing it writes rolls back
 short of the whole transaction.
 
@@ -20,7 +21,8 @@ from uuid import UUID
 
 from saga.consumers.inbox import Inbox
 from saga.db.sql import Tx, render
-from saga.messaging.leases import Leases
+from saga.messaging.events import EventRecords
+from saga.messaging.leases import Leases, Settled
 from saga.messaging.outbox import NewOutboxRow, Outbox, OutgoingMessage, held_back
 
 _CONFIRM = "SELECT id FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
@@ -38,6 +40,7 @@ class Closing:
     def __init__(self, schema: str, outbox: Outbox, inbox: Inbox) -> None:
         self.outbox = outbox
         self.inbox = inbox
+        self.events = EventRecords(schema)
         self._confirm = render(_CONFIRM, schema)
         self._delete_published = render(_DELETE_PUBLISHED, schema)
 
@@ -48,16 +51,17 @@ class Closing:
         rows: Sequence[NewOutboxRow],
         replies: Sequence[tuple[UUID, OutgoingMessage]],
         leases: Leases | None,
-    ) -> int:
+    ) -> Settled:
         """Write ``rows`` and keep ``replies``; with ``leases``, leave in its ``written`` only
-        rows that will commit, and delete the first of its ``published``. Returns how many
-        published rows this deletes (done once the transaction commits)."""
+        rows that will commit, delete its ``published`` and count its ``unrouted``. Returns
+        what of ``leases`` this records (to forget once the transaction commits)."""
         if leases is None or any(held_back(row) for row in rows):
             # held back rows wait for their time, not for this consumer
             self.outbox.insert_rows(tx, [r for r in rows if leases is None or held_back(r)])
         now = [] if leases is None else [row for row in rows if not held_back(row)]
         earlier = [] if leases is None else [row.id for row in leases.written]
         published = [] if leases is None else list(leases.published)
+        unrouted = [] if leases is None else list(leases.unrouted)
         ctes: list[str] = []
         params: list[Any] = []
         selects: list[str] = []
@@ -81,12 +85,16 @@ class Closing:
         if published:
             ctes.append(f"gone AS ({self._delete_published})")
             params.append(published)
+        if unrouted:
+            query, values = self.events.unrouted_counted(unrouted)
+            ctes.append(f"counted AS ({query})")
+            params += values
         if not ctes:
-            return 0
+            return Settled()
         statement = "WITH " + ",\n".join(ctes) + "\n" + ("\nUNION ALL\n".join(selects) or "SELECT")
         returned = tx.execute(statement, params, prepare=True).fetchall()
         if leases is not None and selects:
             kept = {row[0] for row in returned if row[1] is None}
             leases.written[:] = [row for row in leases.written if row.id in kept]
             leases.add_written([row for row in returned if row[1] is not None])
-        return len(published)
+        return Settled(len(published), len(unrouted))

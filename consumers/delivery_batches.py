@@ -234,13 +234,13 @@ class DeliveryBatchProcessor:
             if self._scope is not None:
                 with self._conflicts_end_the_batch():
                     self._scope.flush(conn)
-            deleted = self.closing.close(
+            settled = self.closing.close(
                 conn, self.service.name, staged.rows, staged.replies, leases
             )
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
         if leases is not None:
-            del leases.published[:deleted]
+            settled.forget(leases)
         self._count(len(deliveries))
         return outcomes
 

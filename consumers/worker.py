@@ -22,9 +22,11 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -261,9 +263,9 @@ class Worker:
 
     def _close(self) -> None:
         try:
-            self._delete_published()
+            self._settle_published()
         except psycopg.Error:  # gone with the connection: the relays take them once leases end
-            logger.debug("deleting published rows failed", exc_info=True)
+            logger.debug("settling published rows failed", exc_info=True)
         if self._publisher is not None:
             self._publisher.close()
             self._publisher = None
@@ -295,7 +297,7 @@ class Worker:
                 try:
                     conn.drain_events(timeout=self.options.poll_timeout)
                 except TimeoutError:
-                    self._delete_published()
+                    self._settle_published()
                     continue
             self._take_waiting(conn)
             batch = self._buffer[: self.options.prefetch]
@@ -385,11 +387,13 @@ class Worker:
                 return
             self._single_failed(db, messages[0], deliveries[0], exc)
             return
-        self._ack(messages)
-        fault_point("consumer.after_ack")
         self.counts.update(outcomes)
         if self.options.publish_after_commit and self._leases.written:
-            self._publish_own(committed_at)
+            # the acknowledgement goes out in the rows' write, after them
+            self._publish_own(committed_at, then=partial(self._ack, messages))
+        else:
+            self._ack(messages)
+        fault_point("consumer.after_ack")
 
     def _ack(self, messages: list[Message]) -> None:
         """Acknowledge a committed batch: one frame for all of it where the broker takes a
@@ -405,13 +409,16 @@ class Worker:
         for message in messages:
             message.ack()
 
-    def _publish_own(self, committed_at: float) -> None:
-        """Publish the rows this batch wrote, leased to this worker: no transaction.
+    def _publish_own(self, committed_at: float, then: Callable[[], object]) -> None:
+        """Publish the rows this batch wrote, leased to this worker: no transaction; ``then``
+        (the batch's acknowledgement) is sent in the same write, before the wait for the
+        broker's confirms.
 
-        The published ones are deleted in bulk later (:meth:`_delete_published`, or the
-        next batch's closing statement). Rows the broker refused, or all of them when the
-        publish broke off, are handed to the relays at once (their lease released); were
-        that impossible too, the relays take them when the lease ends.
+        The published ones are deleted in bulk later (:meth:`_settle_published`, or the
+        next batch's closing statement), and the events no subscriber took are counted
+        with them: no transaction of their own. Rows the broker refused, or all of them
+        when the publish broke off, are handed to the relays at once (their lease
+        released); were that impossible too, the relays take them when the lease ends.
         """
         publisher = self._publisher
         assert publisher is not None
@@ -422,20 +429,16 @@ class Worker:
         ]
         leases.written.clear()
         try:
-            outcome = publisher.publish(rows, committed_at)
+            outcome = publisher.publish(rows, committed_at, then)
         except self._transient_errors():
             self._release([row.id for row in rows])
             raise
         leases.published += outcome.published
+        leases.unrouted += outcome.unrouted
         if outcome.failed:
             self._release(list(outcome.failed))
-        if outcome.unrouted:
-            db = self._db
-            assert db is not None
-            with db.transaction():
-                self._events.count_unrouted(db, outcome.unrouted)
-            if self._metrics is not None:
-                self._metrics.count_unrouted(outcome.unrouted)
+        if outcome.unrouted and self._metrics is not None:
+            self._metrics.count_unrouted(outcome.unrouted)
 
     def _release(self, ids: list[int]) -> None:
         """Leave rows this worker could not publish to the relays now (best effort)."""
@@ -447,15 +450,18 @@ class Worker:
         except psycopg.Error:  # the relays take them when their lease ends
             logger.debug("releasing %d leased row(s) failed", len(ids), exc_info=True)
 
-    def _delete_published(self) -> None:
-        """Delete the rows published after earlier commits, all at once (when idle)."""
-        published = self._leases.published
+    def _settle_published(self) -> None:
+        """Delete the rows published after earlier commits and count the events among them
+        that reached no subscriber, all at once (when idle; else the next batch does)."""
+        leases = self._leases
         db = self._db
-        if not published or db is None:
+        if not (leases.published or leases.unrouted) or db is None:
             return
         with db.transaction():
-            self._relay_store.delete(db, published)
-        published.clear()
+            self._relay_store.delete(db, leases.published)
+            self._events.count_unrouted(db, leases.unrouted)
+        leases.published.clear()
+        leases.unrouted.clear()
 
     def _single_failed(
         self, db: psycopg.Connection[Any], message: Message, delivery: Delivery, exc: Exception

@@ -24,7 +24,7 @@ reports such events through the same ``on_return`` callback). A broker without
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,12 +107,18 @@ class BatchPublisher:
         self._exchange_declared = False
 
     def publish(
-        self, rows: Sequence[OutboxRow], committed_at: float | None = None
+        self,
+        rows: Sequence[OutboxRow],
+        committed_at: float | None = None,
+        then: Callable[[], object] | None = None,
     ) -> PublishOutcome:
         """Publish ``rows`` durably; raise on connection loss (nothing is then known).
 
         ``committed_at`` (epoch seconds) is when the rows' transaction committed, if the
         caller knows it: it travels in the ``committed_at`` header, for latency metrics.
+        ``then`` runs once the rows are sent, before the wait for the broker's confirms:
+        what it sends on this connection (a consumer's acknowledgement) goes out in the
+        same write as the rows, after them.
         """
         outcome = PublishOutcome()
         sendable: list[OutboxRow] = []
@@ -128,6 +134,8 @@ class BatchPublisher:
             else:
                 sendable.append(row)
         if not sendable:
+            if then is not None:
+                then()
             return outcome
         producer = self._ensure_producer()
         self._returned.clear()
@@ -138,6 +146,8 @@ class BatchPublisher:
                     for row in sendable:
                         self._publish_one(producer, row, committed_at)
                         self._confirms.published(str(row.message_id))
+                    if then is not None:
+                        then()
                 nacked = self._confirms.wait(self.connection)
             except BaseException:
                 self.close()  # its confirms could no longer be told apart: a new channel
@@ -146,6 +156,8 @@ class BatchPublisher:
             with producer.batch(max_size=max(1, len(sendable))):
                 for row in sendable:
                     self._publish_one(producer, row, committed_at)
+            if then is not None:
+                then()
         for row in sendable:
             if str(row.message_id) in nacked:
                 outcome.failed[row.id] = ("Nacked", "the broker refused the message (basic.nack)")

@@ -104,9 +104,14 @@ class EventRecords:
 
     def count_unrouted(self, tx: Tx, message_types: Sequence[str]) -> None:
         """Add one unrouted event per item of ``message_types`` (in one statement)."""
+        if message_types:
+            tx.execute(*self.unrouted_counted(message_types))
+
+    def unrouted_counted(self, message_types: Sequence[str]) -> tuple[str, list[object]]:
+        """The statement (and its parameters) that adds one unrouted event per item of
+        ``message_types``, to run alone or as a writable CTE of a larger one."""
         counts = Counter(message_types)
-        if counts:
-            tx.execute(self._count_unrouted, (list(counts), list(counts.values())))
+        return self._count_unrouted, [list(counts), list(counts.values())]
 
     def unrouted(self, tx: Tx) -> list[UnroutedEvents]:
         return [UnroutedEvents(*row) for row in tx.execute(self._unrouted)]

@@ -50,6 +50,9 @@ class Leases:
     written: list[LeasedRow] = field(default_factory=list)
     #: ids of rows published after their commit, to delete
     published: list[int] = field(default_factory=list)
+    #: types of the events published after their commit that reached no subscriber, to
+    #: count (``events_unrouted``) with the rows' deletion
+    unrouted: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.lease <= timedelta(0):
@@ -61,6 +64,20 @@ class Leases:
         rows = [LeasedRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in returned]
         self.written.extend(rows)
         return [row.id for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """How much of a consumer's earlier publishing one of its transactions recorded: the
+    first ``published`` rows deleted, the first ``unrouted`` events counted."""
+
+    published: int = 0
+    unrouted: int = 0
+
+    def forget(self, leases: Leases) -> None:
+        """Drop what the transaction recorded from ``leases`` (once it has committed)."""
+        del leases.published[: self.published]
+        del leases.unrouted[: self.unrouted]
 
 
 _active: ContextVar[Leases | None] = ContextVar("saga_outbox_leases", default=None)

@@ -85,6 +85,40 @@ def test_a_batch_goes_to_the_socket_in_one_write(rabbit: TestBroker) -> None:
         publisher.close()
 
 
+def test_an_acknowledgement_goes_out_in_the_write_of_the_rows_after_them(
+    rabbit: TestBroker,
+) -> None:
+    """A consumer publishing the rows it wrote acknowledges the delivery it handled in the
+    same write (``then``), after the rows' frames: the rows leave first, and one write."""
+    rabbit.declare("writes")
+    rabbit.publish_many("handled", [b'{"n": 0}'])
+    with rabbit.config.connect() as conn:
+        publisher = BatchPublisher(conn, rabbit.topology)
+        publisher.publish(_rows("writes", [b"{}"]))  # channel, confirm.select and declare done
+        delivered: list[Message] = []
+        queue = rabbit.topology.queue("handled")
+        with Consumer(conn.channel(), queues=[queue], on_message=delivered.append):
+            while not delivered:
+                conn.drain_events(timeout=10)
+            transport = conn.connection.transport
+            written: list[bytes] = []
+            real = transport._write
+
+            def write(data: bytes) -> None:
+                written.append(bytes(data))
+                real(data)
+
+            transport._write = write
+            outcome = publisher.publish(_rows("writes", [b"{}"] * 3), then=delivered[0].ack)
+            transport._write = real
+        assert len(outcome.published) == 3
+    assert len(written) == 1
+    basic_publish, basic_ack = b"\x00\x3c\x00\x28", b"\x00\x3c\x00\x50"
+    assert written[0].rindex(basic_publish) < written[0].index(basic_ack)
+    assert rabbit.depth_once_released("handled") == 0  # acknowledged
+    assert rabbit.depth_once_released("writes") == 4
+
+
 def test_a_consumer_takes_many_frames_per_receive(rabbit: TestBroker) -> None:
     """All 300 deliveries (900 frames, about 35 KB: under :data:`READ_AHEAD`) are sent to
     the consumer before it reads past its setup: its three setup replies (channel, qos,

@@ -30,8 +30,10 @@ from tests.support.events import (
     SUBSCRIBERS,
     Announce,
     Happened,
+    Proclaim,
     Unheard,
     announcer,
+    proclaimer,
     subscribers,
 )
 from tests.support.running import running_relay, running_service
@@ -138,6 +140,38 @@ def test_an_event_nobody_subscribes_to_is_counted_not_retried_nor_dead_lettered(
     assert metrics.events_unrouted.labels("Unheard")._value.get() == 3
     stats = saga_cli(db.url, "stats", "--json")
     assert '"Unheard"' in stats.stdout, stats.stdout + stats.stderr
+
+
+def test_a_consumer_counts_its_unrouted_events_with_its_next_transaction(
+    db: TestDatabase, shared_event_broker: TestBroker
+) -> None:
+    """A consumer that publishes its own rows counts the events nobody took with the
+    transaction that deletes those rows (its next batch's, or when it stops or idles), not
+    in a transaction of its own; the metric counts them at once."""
+    db.execute(EFFECTS_DDL)
+    metrics = Metrics(CollectorRegistry())
+    unrouted = metrics.events_unrouted.labels("Unheard")
+
+    def command(key: str) -> None:
+        with db.connect(autocommit=False) as conn, conn.transaction():
+            Outbox().add(conn, Proclaim(key=key), destination=proclaimer.name)
+
+    def counted() -> list[tuple[object, ...]]:
+        return db.rows("SELECT message_type, events FROM saga.events_unrouted")
+
+    with ExitStack() as stack:  # 5 s before an idle worker settles on its own
+        stack.enter_context(
+            running_service(proclaimer, db, shared_event_broker, metrics, poll_timeout=5)
+        )
+        stack.enter_context(running_relay(db, shared_event_broker))
+        command("p1")
+        wait_until(lambda: unrouted._value.get() == 1, what="the first event published")
+        assert counted() == []  # no transaction of its own
+        command("p2")
+        wait_until(lambda: unrouted._value.get() == 2, what="the second event published")
+        assert counted() == [("Unheard", 1)]  # with the second command's transaction
+    assert counted() == [("Unheard", 2)]  # the worker settled what it held as it stopped
+    assert effects_per_key(db, "proclaimer") == {"p1": 1, "p2": 1}
 
 
 def test_a_subscriber_added_later_gets_the_events_published_after_its_queue_was_declared(

@@ -68,14 +68,15 @@ def test_relays_polling_hard_and_publish_after_commit_deliver_each_message_once(
 def test_a_relay_leaves_a_row_leased_to_its_consumer_which_publishes_it_then_deletes_it(
     db: TestDatabase, rabbit: TestBroker, tmp_path: Path
 ) -> None:
-    """The consumer is held after its commit and ack, before it publishes its reply: the
-    reply's row is leased to it, and a relay draining the outbox meanwhile leaves it alone.
-    Let go, the consumer publishes it, then deletes it (idle, in bulk)."""
+    """The consumer is held after its commit, before it publishes its reply (and, in the
+    same write, acknowledges the request): the reply's row is leased to it, and a relay
+    draining the outbox meanwhile leaves it alone. Let go, the consumer publishes it, then
+    deletes it (idle, in bulk)."""
     db.execute(EFFECTS_DDL)
     rabbit.declare("replies")
     request = Envelope.wrap(Ping(key="raced"), reply_to="replies")
     rabbit.publish_raw(service.name, request.to_bytes(), "application/json")
-    hold = Hold("consumer.after_ack", tmp_path)
+    hold = Hold("consumer.after_commit", tmp_path)
     consumer = SagaProcess(
         ["consume", "tests.support.services:service", "--publish-lease", "600"],
         {**saga_env(db.url, rabbit.url, rabbit.topology.queue_prefix), **hold.env},

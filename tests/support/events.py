@@ -40,6 +40,12 @@ class Announce(BaseModel):
     key: str
 
 
+class Proclaim(BaseModel):
+    """A command whose handler publishes an :class:`Unheard` (``ctx.publish``)."""
+
+    key: str
+
+
 def _effect(tx: psycopg.Connection[Any], kind: str, key: str, amount: int = 0) -> None:
     tx.execute(
         "INSERT INTO public.effects (kind, key, seq) VALUES (%s, %s, %s)", (kind, key, amount)
@@ -70,3 +76,12 @@ announcer = Service("announcer")
 def announce(tx: psycopg.Connection[Any], command: Announce, ctx: HandlerContext) -> None:
     _effect(tx, "announcer", command.key)
     ctx.publish(Happened(key=command.key, amount=1))
+
+
+proclaimer = Service("proclaimer")
+
+
+@proclaimer.handler(Proclaim)
+def proclaim(tx: psycopg.Connection[Any], command: Proclaim, ctx: HandlerContext) -> None:
+    _effect(tx, "proclaimer", command.key)
+    ctx.publish(Unheard(key=command.key))
