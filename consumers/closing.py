@@ -3,7 +3,8 @@
 One statement, whatever the batch holds (writable CTEs): the outbox rows its handlers
 sent, leased to this consumer (:mod:`saga.messaging.leases`); the replies kept with
 their inbox rows; which of the rows leased earlier in the transaction are still there
-(a savepoint that rolled back took its rows with it, and they must not be published);
+(a savepoint that rolled back took its rows with it, and they must not be published; the
+rows the saga engine's flush leased at the top level need no such check);
 the deletion of the rows this consumer published after earlier commits, and the count of
 the events among them that reached no subscriber. Run at the
 top level of the transaction, after every savepoint, so nothing it writes rolls back
@@ -59,7 +60,7 @@ class Closing:
             # held back rows wait for their time, not for this consumer
             self.outbox.insert_rows(tx, [r for r in rows if leases is None or held_back(r)])
         now = [] if leases is None else [row for row in rows if not held_back(row)]
-        earlier = [] if leases is None else [row.id for row in leases.written]
+        earlier = [] if leases is None else leases.unconfirmed()
         published = [] if leases is None else list(leases.published)
         unrouted = [] if leases is None else list(leases.unrouted)
         ctes: list[str] = []
@@ -94,7 +95,6 @@ class Closing:
         statement = "WITH " + ",\n".join(ctes) + "\n" + ("\nUNION ALL\n".join(selects) or "SELECT")
         returned = tx.execute(statement, params, prepare=True).fetchall()
         if leases is not None and selects:
-            kept = {row[0] for row in returned if row[1] is None}
-            leases.written[:] = [row for row in leases.written if row.id in kept]
+            leases.keep({row[0] for row in returned if row[1] is None})
             leases.add_written([row for row in returned if row[1] is not None])
         return Settled(len(published), len(unrouted))

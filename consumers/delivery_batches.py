@@ -218,7 +218,9 @@ class DeliveryBatchProcessor:
         self._in_batch = len(deliveries) > 1
         leases = active_leases()
         if leases is not None:
-            leases.written.clear()  # what a transaction rolled back before this one leased
+            # what a transaction rolled back before this one leased; a failure in one with
+            # no savepoint rolls it all back (LoneDeliveryFailed)
+            leases.forget_written(alone and failed is None and not tracing.records_spans())
         with conn.transaction():
             if self._in_batch and not alone and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
@@ -232,7 +234,8 @@ class DeliveryBatchProcessor:
             else:
                 outcomes = self._handle_all(conn, items, alone)
             if self._scope is not None:
-                with self._conflicts_end_the_batch():
+                standing = nullcontext() if leases is None else leases.standing_writes()
+                with self._conflicts_end_the_batch(), standing:  # the top level: no savepoint
                     self._scope.flush(conn)
             settled = self.closing.close(
                 conn, self.service.name, staged.rows, staged.replies, leases

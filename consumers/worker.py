@@ -427,7 +427,7 @@ class Worker:
             RelayRow(r.id, r.message_id, r.destination, r.message_type, r.body, 0)
             for r in leases.written
         ]
-        leases.written.clear()
+        leases.forget_written()
         try:
             outcome = publisher.publish(rows, committed_at, then)
         except self._transient_errors():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -57,6 +57,7 @@ from saga.messaging.control import (
 )
 from saga.messaging.envelope import STEP_HEADER, Envelope
 from saga.messaging.ids import uuid7
+from saga.messaging.leases import active_leases
 from saga.observability import tracing
 from saga.observability.metrics import Metrics
 
@@ -459,7 +460,14 @@ class Orchestrator:
         if batch is not None:
             batch.stage(result, transition.saga.name, metrics)
         else:
-            self.home.persist(tx, [result.record], result.log, result.outgoing, result.dead_letters)
+            leases = active_leases()
+            standing = (
+                leases.standing_writes() if leases and leases.savepoint_free else nullcontext()
+            )
+            with standing:
+                self.home.persist(
+                    tx, [result.record], result.log, result.outgoing, result.dead_letters
+                )
             if metrics is not None and result.ended is not None:
                 metrics.saga_outcomes.labels(transition.saga.name, result.ended.value).inc()
         if result.started_wait is not None:

@@ -48,6 +48,12 @@ class Leases:
     lease: timedelta = DEFAULT_LEASE
     #: rows leased in the open transaction (some may have rolled back with a savepoint)
     written: list[LeasedRow] = field(default_factory=list)
+    #: ids of the rows of ``written`` leased outside every savepoint (:meth:`standing_writes`):
+    #: they commit with the transaction, or not at all
+    standing: set[int] = field(default_factory=set)
+    #: The open transaction runs with no savepoint of the consumer's, and any failure in it
+    #: rolls it all back: the saga engine's writes in it stand (:meth:`standing_writes`).
+    savepoint_free: bool = False
     #: ids of rows published after their commit, to delete
     published: list[int] = field(default_factory=list)
     #: types of the events published after their commit that reached no subscriber, to
@@ -64,6 +70,33 @@ class Leases:
         rows = [LeasedRow(r[0], r[1], r[2], r[3], bytes(r[4])) for r in returned]
         self.written.extend(rows)
         return [row.id for row in rows]
+
+    def forget_written(self, savepoint_free: bool = False) -> None:
+        """Forget the rows leased so far: a new transaction begins (what one rolled back
+        leased too), ``savepoint_free`` or not."""
+        self.written.clear()
+        self.standing.clear()
+        self.savepoint_free = savepoint_free
+
+    @contextmanager
+    def standing_writes(self) -> Iterator[None]:
+        """A block of the framework's own writes, no handler's code inside it, that no
+        savepoint can take back without the whole transaction (the saga engine's flush at
+        the top level, or its writes in a savepoint-free transaction): the rows it leases
+        need no check that they are still there before the transaction ends."""
+        first = len(self.written)
+        yield
+        self.standing.update(row.id for row in self.written[first:])
+
+    def unconfirmed(self) -> list[int]:
+        """The ids of the rows leased in the transaction that a savepoint may have taken
+        back (all but the standing ones)."""
+        return [row.id for row in self.written if row.id not in self.standing]
+
+    def keep(self, confirmed: set[int]) -> None:
+        """Forget the rows a savepoint took back: keep the standing rows and ``confirmed``
+        (those of :meth:`unconfirmed` still there at the transaction's end)."""
+        self.written[:] = [r for r in self.written if r.id in confirmed or r.id in self.standing]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +122,7 @@ def leasing(leases: Leases) -> Iterator[Leases]:
 
     Writes made while leasing do not wake the relays: the writer publishes them.
     """
-    leases.written.clear()
+    leases.forget_written()
     token = _active.set(leases)
     try:
         yield leases

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
-from saga import Outbox, uuid7
+import psycopg
+from pydantic import BaseModel
+
+from saga import HandlerContext, Outbox, Service, uuid7
 from saga.consumers import DeliveryOutcome
 from saga.examples.order_saga.processes import SagaProcess, saga_env
 from saga.messaging.envelope import Envelope
@@ -27,6 +31,30 @@ from tests.support.wait import wait_until
 JSON = "application/json"
 CHAINS = 40
 HOPS = 25
+NOTES = "undone-notes"
+
+
+class Note(BaseModel):
+    text: str
+
+
+class Write(BaseModel):
+    key: str
+
+
+writer = Service("savepoint_writer")
+
+
+@writer.handler(Write)
+def write(tx: psycopg.Connection[Any], command: Write, ctx: HandlerContext) -> None:
+    """Writes a row in a savepoint it rolls back, then one that stays."""
+    try:
+        with tx.transaction():
+            Outbox().add(tx, Note(text="rolled back"), destination=NOTES)
+            raise RuntimeError("undone")
+    except RuntimeError:
+        pass
+    Outbox().add(tx, Note(text="kept"), destination=NOTES)
 
 
 def test_relays_polling_hard_and_publish_after_commit_deliver_each_message_once(
@@ -157,3 +185,18 @@ def test_a_row_the_broker_refuses_goes_to_the_relays_at_once_not_when_its_lease_
         assert (report.claimed, report.quarantined) == (1, 1)
     finally:
         broker.cleanup()
+
+
+def test_a_row_a_handler_wrote_in_a_savepoint_it_rolled_back_is_never_published(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """The row was leased to the consumer as the handler wrote it; the savepoint took it
+    back, and the consumer, alone in its transaction with no savepoint of its own, must
+    find that out before it publishes: only the row that stayed goes out."""
+    rabbit.declare(NOTES)
+    with running_service(writer, db, rabbit) as runner:
+        rabbit.publish_raw(writer.name, Envelope.wrap(Write(key="w")).to_bytes(), JSON)
+        wait_until(lambda: runner.counts[DeliveryOutcome.HANDLED] == 1, what="handled")
+        wait_until(lambda: db.scalar("SELECT count(*) FROM saga.outbox") == 0, what="settled")
+    assert rabbit.depth_once_released(NOTES) == 1
+    assert [json.loads(m.body)["payload"]["text"] for m in rabbit.receive(NOTES, 1)] == ["kept"]
