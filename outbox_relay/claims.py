@@ -23,17 +23,6 @@ FOR UPDATE SKIP LOCKED
 #: and consumers deduplicate. Set inside the statement, so it costs no round trip.
 _ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
 
-_TAKE_IDS = f"""
-DELETE FROM {{schema}}.outbox
-WHERE id IN (
-    SELECT id FROM {{schema}}.outbox
-    WHERE id = ANY(%b::bigint[]) AND deliver_after IS NULL
-    FOR UPDATE SKIP LOCKED
-)
-AND {_ASYNC_COMMIT}
-RETURNING id, message_id, destination, message_type, body, attempts
-"""
-
 #: The id the outbox's sequence gives next (USAGE on the sequence suffices).
 _NEXT_ID = "coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')), 0) + 1"
 
@@ -106,7 +95,6 @@ class RelayStore:
         self._claim = render(_CLAIM, schema)
         self._probe = render(_PROBE, schema)
         self._outbox = f"{schema}.outbox"
-        self._take_ids = render(_TAKE_IDS, schema)
         self._delete = render(_DELETE, schema)
         self._defer = render(_DEFER, schema)
         self._release = render(_RELEASE, schema)
@@ -126,16 +114,6 @@ class RelayStore:
         row = conn.execute(self._probe, (floor, self._outbox), prepare=True).fetchone()
         assert row is not None
         return (None if row[0] is None else int(row[0])), int(row[1])
-
-    def take_ids(self, tx: Tx, ids: list[int]) -> list[OutboxRow]:
-        """Delete and return the given ready rows in id order, skipping any a relay holds.
-
-        One statement instead of claim + delete: the caller publishes the rows and
-        rolls back if the broker refuses any, which puts them all back. The transaction's
-        commit does not wait for the disk (see ``_ASYNC_COMMIT``).
-        """
-        rows = sorted(tx.execute(self._take_ids, (ids,), prepare=True).fetchall())
-        return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
 
     def delete(self, tx: Tx, ids: list[int]) -> None:
         """Delete published rows; the transaction's commit then does not wait for the disk."""

