@@ -21,9 +21,9 @@ class ScriptedRelay(Relay):
         self.steps: list[str] = []
         self.stop = threading.Event()
 
-    def relay_batch(self) -> BatchReport:
+    def relay_batch(self, woken: bool = False) -> BatchReport:
         claimed = self.claims.pop(0)
-        self.steps.append(f"batch {claimed}")
+        self.steps.append(f"batch {claimed}" + (" (woken)" if woken else ""))
         if not self.claims:
             self.stop.set()
         return BatchReport(claimed, claimed, 0, 0)
@@ -34,8 +34,10 @@ class ScriptedRelay(Relay):
     def _heartbeat(self) -> None:
         pass
 
-    def _wait(self, stop: threading.Event, seconds: float) -> None:
+    def _wait(self, stop: threading.Event, seconds: float) -> bool:
+        """A NOTIFY ends the waits of the 40 ms the script reaches."""
         self.steps.append(f"wait {seconds * 1000:.0f} ms")
+        return seconds == OPTIONS.idle_poll_max
 
 
 def test_full_batches_go_on_at_once_a_partial_one_waits_and_empty_polls_back_off() -> None:
@@ -52,9 +54,9 @@ def test_full_batches_go_on_at_once_a_partial_one_waits_and_empty_polls_back_off
         "wait 20 ms",
         "batch 0",
         "wait 40 ms",
-        "batch 0",
+        "batch 0 (woken)",  # a NOTIFY ended the wait: the batch claims with no probe first
         "wait 40 ms",  # at most idle_poll_max
-        "batch 2",
+        "batch 2 (woken)",
         "wait 10 ms",
         "batch 0",
         "wait 10 ms",
