@@ -22,13 +22,11 @@ from uuid import UUID
 
 from saga.consumers.inbox import Inbox
 from saga.db.sql import Tx, render
-from saga.messaging.events import EventRecords
 from saga.messaging.leases import Leases, Settled
 from saga.messaging.outbox import NewOutboxRow, Outbox, OutgoingMessage, held_back
+from saga.outbox_relay.claims import RelayStore
 
 _CONFIRM = "SELECT id FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
-
-_DELETE_PUBLISHED = "DELETE FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
 
 _WRITTEN = "SELECT id, message_id, destination, message_type, body FROM written"
 
@@ -41,9 +39,8 @@ class Closing:
     def __init__(self, schema: str, outbox: Outbox, inbox: Inbox) -> None:
         self.outbox = outbox
         self.inbox = inbox
-        self.events = EventRecords(schema)
+        self.relay_store = RelayStore(schema)
         self._confirm = render(_CONFIRM, schema)
-        self._delete_published = render(_DELETE_PUBLISHED, schema)
 
     def close(
         self,
@@ -83,13 +80,9 @@ class Closing:
             ctes.append(f"confirmed AS ({self._confirm})")
             params.append(earlier)
             selects.append(_CONFIRMED)
-        if published:
-            ctes.append(f"gone AS ({self._delete_published})")
-            params.append(published)
-        if unrouted:
-            query, values = self.events.unrouted_counted(unrouted)
-            ctes.append(f"counted AS ({query})")
-            params += values
+        settling, values = self.relay_store.settling(published, unrouted)
+        ctes += settling
+        params += values
         if not ctes:
             return Settled()
         statement = "WITH " + ",\n".join(ctes) + "\n" + ("\nUNION ALL\n".join(selects) or "SELECT")

@@ -458,8 +458,7 @@ class Worker:
         if not (leases.published or leases.unrouted) or db is None:
             return
         with db.transaction():
-            self._relay_store.delete(db, leases.published)
-            self._events.count_unrouted(db, leases.unrouted)
+            self._relay_store.settle(db, leases.published, leases.unrouted)
         leases.published.clear()
         leases.unrouted.clear()
 

@@ -1,27 +1,40 @@
-"""The relay's SQL: claim ready rows, delete what was published, defer or quarantine the rest."""
+"""The relay's SQL: lease ready rows, settle what was published, defer or quarantine the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 from saga.db.sql import Tx, render
 from saga.errors import UnsafeDurability
+from saga.messaging.events import EventRecords
 
-_CLAIM = """
-SELECT id, message_id, destination, message_type, body, attempts
-FROM {schema}.outbox
+#: The ready rows a sweep from a floor takes first, locked, skipping rows other relays hold.
+_READY = """
+SELECT id FROM {schema}.outbox
 WHERE deliver_after IS NULL AND id >= %s
 ORDER BY id
 LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
 
-#: A transaction that only removes rows the broker has taken need not wait for the disk
-#: at its commit: a crash that forgets it brings the rows back, they are published again
-#: and consumers deduplicate. Set inside the statement, so it costs no round trip.
+#: A statement that only leases rows, or removes rows the broker has taken, need not wait
+#: for the disk at its commit: a crash that forgets it brings the rows back, they are
+#: published again and consumers deduplicate. Set inside the statement, so it costs no
+#: round trip.
 _ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"
+
+#: Lease ready rows to this relay: one statement, a transaction of its own. A leased row
+#: waits for nothing (its ``deliver_after`` is the lease's end): no other relay takes it
+#: while the lease runs, and once it lapses (the relay died) it is ready again.
+_LEASE = f"""
+UPDATE {{schema}}.outbox SET deliver_after = now() + %s::interval, leased = true
+WHERE id IN ({_READY}) AND {_ASYNC_COMMIT}
+RETURNING id, message_id, destination, message_type, body, attempts
+"""
 
 #: The id the outbox's sequence gives next (USAGE on the sequence suffices).
 _NEXT_ID = "coalesce(pg_sequence_last_value(pg_get_serial_sequence(%s, 'id')), 0) + 1"
@@ -35,10 +48,10 @@ SELECT (SELECT id FROM {{schema}}.outbox WHERE deliver_after IS NULL AND id >= %
        {_NEXT_ID}
 """
 
-_DELETE = f"DELETE FROM {{schema}}.outbox WHERE id = ANY(%b::bigint[]) AND {_ASYNC_COMMIT}"
+_DELETE = "DELETE FROM {schema}.outbox WHERE id = ANY(%b::bigint[])"
 
-#: A consumer gives up the rows leased to it (saga.messaging.leases) that it could not
-#: publish: ready for the relays at once rather than when the lease ends.
+#: A consumer (saga.messaging.leases) or a relay gives up the rows leased to it that it
+#: could not publish: ready for the relays at once rather than when the lease ends.
 _RELEASE = """
 UPDATE {schema}.outbox SET deliver_after = NULL
 WHERE id = ANY(%b::bigint[]) AND deliver_after IS NOT NULL
@@ -46,7 +59,8 @@ WHERE id = ANY(%b::bigint[]) AND deliver_after IS NOT NULL
 
 _DEFER = """
 UPDATE {schema}.outbox
-SET attempts = attempts + 1, last_error = %s, deliver_after = now() + %s::interval
+SET attempts = attempts + 1, last_error = %s, deliver_after = now() + %s::interval,
+    leased = false
 WHERE id = %s
 """
 
@@ -77,7 +91,7 @@ WHERE id IN (
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
-    """One claimed outbox row."""
+    """One outbox row leased to a relay."""
 
     id: int
     message_id: UUID
@@ -92,20 +106,23 @@ class RelayStore:
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        self._claim = render(_CLAIM, schema)
+        self._lease = render(_LEASE, schema)
         self._probe = render(_PROBE, schema)
         self._outbox = f"{schema}.outbox"
         self._delete = render(_DELETE, schema)
+        self.events = EventRecords(schema)
         self._defer = render(_DEFER, schema)
         self._release = render(_RELEASE, schema)
         self._quarantine = render(_QUARANTINE, schema)
         self._promote = render(_PROMOTE_DUE, schema)
 
-    def claim(self, tx: Tx, limit: int, floor: int = 0) -> list[OutboxRow]:
-        """Lock up to ``limit`` ready rows from id ``floor`` on, in id order, skipping rows
-        other relays hold (:mod:`outbox_relay.sweep_floor` says why a floor)."""
-        rows = tx.execute(self._claim, (floor, limit), prepare=True).fetchall()
-        return [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+    def lease(self, conn: Tx, limit: int, lease: timedelta, floor: int = 0) -> list[OutboxRow]:
+        """Lease up to ``limit`` ready rows from id ``floor`` on for ``lease``, skipping rows
+        other relays hold (:mod:`outbox_relay.sweep_floor` says why a floor); in id order.
+        On an autocommit connection, a transaction of its own."""
+        rows = conn.execute(self._lease, (lease, floor, limit), prepare=True).fetchall()
+        leased = [OutboxRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+        return sorted(leased, key=lambda row: row.id)
 
     def probe(self, conn: Tx, floor: int) -> tuple[int | None, int]:
         """The first ready row's id from ``floor`` on (None: none is ready) and the id the
@@ -115,13 +132,34 @@ class RelayStore:
         assert row is not None
         return (None if row[0] is None else int(row[0])), int(row[1])
 
-    def delete(self, tx: Tx, ids: list[int]) -> None:
-        """Delete published rows; the transaction's commit then does not wait for the disk."""
-        if ids:
-            tx.execute(self._delete, (ids,), prepare=True)
+    def settling(
+        self, published: Sequence[int], unrouted: Sequence[str]
+    ) -> tuple[list[str], list[Any]]:
+        """Writable CTEs (and their parameters) that delete the ``published`` rows and count
+        the ``unrouted`` events among them: parts of a larger statement (a consumer's
+        closing one) or of :meth:`settle`."""
+        ctes: list[str] = []
+        params: list[Any] = []
+        if published:
+            ctes.append(f"gone AS ({self._delete})")
+            params.append(list(published))
+        if unrouted:
+            query, values = self.events.unrouted_counted(unrouted)
+            ctes.append(f"counted AS ({query})")
+            params += values
+        return ctes, params
+
+    def settle(self, conn: Tx, published: Sequence[int], unrouted: Sequence[str]) -> None:
+        """Delete the ``published`` rows and count the ``unrouted`` events among them in one
+        statement (on an autocommit connection, a transaction of its own), whose commit does
+        not wait for the disk."""
+        ctes, params = self.settling(published, unrouted)
+        if ctes:
+            statement = "WITH " + ",\n".join(ctes) + f"\nSELECT {_ASYNC_COMMIT}"
+            conn.execute(statement, params, prepare=True)
 
     def release(self, tx: Tx, ids: list[int]) -> None:
-        """Make rows leased to a consumer ready for the relays now."""
+        """Make rows leased to a consumer or a relay ready for the relays now."""
         if ids:
             tx.execute(self._release, (ids,))
 
@@ -134,7 +172,7 @@ class RelayStore:
         tx.execute(self._quarantine, (row_id, error_type, error))
 
     def promote_due(self, tx: Tx, limit: int = 1000) -> int:
-        """Make scheduled rows whose time has come ready to claim; return how many."""
+        """Make scheduled rows whose time has come ready to lease; return how many."""
         cur = tx.execute(self._promote, (limit,), prepare=True)
         return cur.rowcount
 

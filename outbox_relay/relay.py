@@ -1,10 +1,11 @@
 """The relay: moves committed outbox rows to the broker.
 
-Each batch is one database transaction: claim ready rows with
-``FOR UPDATE SKIP LOCKED`` (so any number of relays share the work, and a row
-committed late by a long transaction is simply claimed later), publish them
-durably, delete them, commit. A crash before the delete commits publishes the
-batch again: consumers deduplicate by ``message_id``.
+Each batch is two statements, each a transaction of its own: lease ready rows
+(``FOR UPDATE SKIP LOCKED`` picks them, so any number of relays share the work, and
+a row committed late by a long transaction is simply taken later), publish them
+durably, then delete them. No other relay takes a leased row while its lease runs;
+a relay that dies before its delete leaves its rows to be published again once the
+lease has lapsed, and consumers deduplicate by ``message_id``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from saga.db.connections import DIRECT, DatabaseAccess
 from saga.db.sql import validate_schema
 from saga.errors import ConfigurationError
 from saga.faults import fault_point
-from saga.messaging.events import EventRecords
+from saga.messaging.leases import DEFAULT_LEASE
 from saga.messaging.outbox import wake_channel
 from saga.messaging.signing import KeyRing
 from saga.observability.metrics import Metrics
@@ -65,6 +66,9 @@ class RelayOptions:
     #: Seconds between background retention runs (None: never; use ``saga db prune``).
     prune_interval: float | None = None
     retention: RetentionPolicy | None = None
+    #: How long the rows of a batch are the relay's own to publish: past it (the relay
+    #: died, or its publish stalled that long) another relay may publish them again.
+    lease: timedelta = DEFAULT_LEASE
     #: Sign every message with the ring's newest key (HMAC-SHA256 over the body).
     signing: KeyRing | None = None
     #: Direct or through a transaction-mode pooler; where wake-ups come from.
@@ -76,6 +80,8 @@ class RelayOptions:
             raise ConfigurationError("batch_size must be at least 1")
         if self.max_publish_attempts < 1:
             raise ConfigurationError("max_publish_attempts must be at least 1")
+        if self.lease <= timedelta(0):
+            raise ConfigurationError(f"a relay's lease must be positive, not {self.lease}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +114,6 @@ class Relay:
         self.topology = topology or Topology()
         self.store = RelayStore(self.options.schema)
         self.sweep_floor = SweepFloor()
-        self.events = EventRecords(self.options.schema)
         self.pruner = Pruner(self.options.schema, self.options.retention)
         self._db: psycopg.Connection[Any] | None = None
         self._listen: psycopg.Connection[Any] | None = None
@@ -173,13 +178,12 @@ class Relay:
     # -- work ----------------------------------------------------------------
 
     def relay_batch(self, woken: bool = False) -> BatchReport:
-        """Claim, publish and delete one batch of ready rows.
+        """Lease, publish and settle one batch of ready rows.
 
-        A probe outside any transaction comes first: most polls of a relay below full
-        load find nothing, and then cost that one statement (a transaction would add a
-        BEGIN and a COMMIT, and a claim the rows' locks). Not when ``woken`` by a NOTIFY
-        (a writer just committed rows) and a sweep was noted within :data:`NOTE_EVERY`
-        seconds: the claim comes at once."""
+        A probe comes first: most polls of a relay below full load find nothing, and then
+        cost that one statement (a lease writes, and holds the rows' locks while it runs).
+        Not when ``woken`` by a NOTIFY (a writer just committed rows) and a sweep was noted
+        within :data:`NOTE_EVERY` seconds: the lease comes at once."""
         db, publisher = self._require()
         floor = self.sweep_floor.floor()
         if not (woken and self.sweep_floor.noted_within(NOTE_EVERY)):
@@ -187,16 +191,23 @@ class Relay:
             self.sweep_floor.swept(floor, next_id if first_ready is None else first_ready)
             if first_ready is None:
                 return BatchReport(0, 0, 0, 0)
-        with db.transaction():
-            rows = self.store.claim(db, self.options.batch_size, floor)
-            if not rows:  # other relays hold them
-                return BatchReport(0, 0, 0, 0)
-            fault_point("relay.after_claim")
+        rows = self.store.lease(db, self.options.batch_size, self.options.lease, floor)
+        if not rows:  # other relays hold them
+            return BatchReport(0, 0, 0, 0)
+        fault_point("relay.after_claim")
+        try:
             outcome = self._publish(publisher, rows)
-            fault_point("relay.after_publish")
-            self.store.delete(db, outcome.published)
-            self.events.count_unrouted(db, outcome.unrouted)
-            deferred, quarantined = self._handle_failures(db, rows, outcome)
+        except BaseException:
+            self._release(db, rows)
+            raise
+        fault_point("relay.after_publish")
+        if outcome.failed:
+            with db.transaction():
+                self.store.settle(db, outcome.published, outcome.unrouted)
+                deferred, quarantined = self._handle_failures(db, rows, outcome)
+        else:
+            self.store.settle(db, outcome.published, outcome.unrouted)
+            deferred = quarantined = 0
         fault_point("relay.after_commit")
         self.published_total += len(outcome.published)
         if self.metrics is not None:
@@ -206,6 +217,15 @@ class Relay:
             if quarantined:
                 self.metrics.dead_lettered.labels("outbox_relay", "unpublishable").inc(quarantined)
         return BatchReport(len(rows), len(outcome.published), deferred, quarantined)
+
+    def _release(self, db: psycopg.Connection[Any], rows: list[OutboxRow]) -> None:
+        """Hand back the rows of a batch whose publish failed (nothing is known of it), for
+        this relay once it has reconnected, or another, rather than when their lease ends;
+        with the database gone too, the lease's end releases them."""
+        try:
+            self.store.release(db, [row.id for row in rows])
+        except psycopg.Error:
+            logger.debug("releasing %d leased row(s) failed", len(rows), exc_info=True)
 
     def promote_due(self) -> int:
         """Release scheduled rows whose ``deliver_after`` has passed."""

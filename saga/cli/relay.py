@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -30,6 +31,7 @@ from saga.cli.runtime import (
     topology,
 )
 from saga.cli.text import foreign
+from saga.messaging.leases import DEFAULT_LEASE
 from saga.observability.metrics import Metrics
 from saga.settings import Settings
 
@@ -43,7 +45,17 @@ def relay(
     schema: SchemaOption = None,
     queue_prefix: QueuePrefixOption = "saga.",
     queue_type: QueueTypeOption = None,
-    batch_size: Annotated[int, typer.Option(help="Rows claimed and published per batch.")] = 500,
+    batch_size: Annotated[int, typer.Option(help="Rows leased and published per batch.")] = 500,
+    lease: Annotated[
+        float,
+        typer.Option(
+            help="Seconds the rows of a batch stay leased to this relay while it publishes "
+            "them; another relay takes them only once the lease has lapsed (this one died). "
+            "Env: SAGA_RELAY_LEASE.",
+            envvar="SAGA_RELAY_LEASE",
+            min=0.001,
+        ),
+    ] = DEFAULT_LEASE.total_seconds(),
     max_attempts: Annotated[
         int, typer.Option(help="Failed publishes of one row before it is quarantined.")
     ] = 5,
@@ -78,6 +90,7 @@ def relay(
         serve_metrics(metrics_port, settings),
         RelayOptions(
             batch_size=batch_size,
+            lease=timedelta(seconds=lease),
             max_publish_attempts=max_attempts,
             declare_queues=declare_queues,
             allow_async_commit=allow_async_commit,

@@ -23,7 +23,7 @@ from saga.errors import UnsafeDurability
 from saga.messaging.envelope import Envelope
 from saga.messaging.outbox import wake_channel
 from saga.outbox_relay import Relay, RelayOptions
-from saga.outbox_relay.claims import _CLAIM, RelayStore
+from saga.outbox_relay.claims import _READY, RelayStore
 from saga.outbox_relay.sweep_floor import SweepFloor
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase, with_database
@@ -223,7 +223,7 @@ def test_relay_reconnects_after_losing_its_database_connections(
     assert sorted(_texts(rabbit.receive("notes", 2))) == ["after", "before"]
 
 
-def test_only_transactions_that_delete_published_rows_commit_without_waiting_for_the_disk(
+def test_only_the_relays_lease_and_delete_commit_without_waiting_for_the_disk(
     db: TestDatabase,
 ) -> None:
     store = RelayStore("saga")
@@ -232,11 +232,14 @@ def test_only_transactions_that_delete_published_rows_commit_without_waiting_for
         with conn.transaction():  # a writer's transaction keeps the server's setting
             Outbox().add(conn, Note(text="c"), destination="notes")
             assert _synchronous_commit(conn) == "on"
-        rows = store.claim(conn, 10)
-        store.delete(conn, [rows[0].id])  # the relay's delete of what the broker took
+        rows = store.lease(conn, 10, timedelta(seconds=5))  # the relay's lease
         assert _synchronous_commit(conn) == "off"
         conn.commit()
         assert _synchronous_commit(conn) == "on"  # for that transaction only
+        store.settle(conn, [rows[0].id], [])  # the relay's delete of what the broker took
+        assert _synchronous_commit(conn) == "off"
+        conn.commit()
+        assert _synchronous_commit(conn) == "on"
     assert db.scalar("SELECT count(*) FROM saga.outbox") == 2
 
 
@@ -271,8 +274,8 @@ def test_a_sweep_reads_a_few_pages_with_20000_rows_published_behind_a_held_snaps
             pass
         relay.relay_batch()  # finds nothing: the floor moves to the next id
         conn.execute(insert, (10,))
-        claim = render(_CLAIM, "saga")
-        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + claim  # locks, changes nothing
+        ready = render(_READY, "saga")  # what a lease takes
+        explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + ready  # locks, changes nothing
         row = conn.execute(explain, (relay.sweep_floor.floor(), 100)).fetchone()
         holder.rollback()
     assert row is not None
@@ -351,3 +354,47 @@ def test_a_waiting_relay_sleeps_until_its_time_or_a_notify(
         stop.set()  # ends the wait if the NOTIFY did not
         waiting.join(60)
     assert woken, "the NOTIFY did not end the wait"
+
+
+def test_a_woken_relay_batch_is_a_lease_and_a_delete_each_a_statement_of_its_own(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """A batch costs the server two statements outside any transaction: the lease of its
+    rows before the publish, their delete after it (no BEGIN, no COMMIT, no claim held
+    open across the publish)."""
+    db.execute(
+        psql.SQL("ALTER DATABASE {} SET log_statement = 'all'")  # type: ignore[arg-type]
+        .format(psql.Identifier(db.name))
+        .as_string()
+    )
+    rabbit.declare("notes")
+    with _relay(db, rabbit) as relay:
+        _write(db, "first")
+        assert relay.relay_batch(woken=True).published == 1  # notes a sweep
+        _write(db, "second", "third")
+        with log_window(with_database(db.url, "postgres"), [db.name]) as lines:
+            assert relay.relay_batch(woken=True).published == 2
+    batch = [t.statements for t in parse(lines) if t.work]
+    assert [len(statements) for statements in batch] == [1, 1], batch
+    (lease,), (delete,) = batch
+    assert lease.sql.startswith("UPDATE") and delete.sql.startswith("WITH gone AS (DELETE")
+    assert _texts(rabbit.receive("notes", 3)) == ["first", "second", "third"]
+
+
+def test_rows_leased_to_a_relay_are_left_alone_until_the_lease_lapses(
+    db: TestDatabase, rabbit: TestBroker
+) -> None:
+    """A relay that leased rows and died (nothing published, nothing deleted): no other
+    relay takes them while the lease runs; once it has lapsed they go out."""
+    rabbit.declare("notes")
+    _write(db, "a", "b")
+    with db.connect() as conn:
+        leased = RelayStore("saga").lease(conn, 10, timedelta(seconds=1))
+    assert [row.id for row in leased] == sorted(row.id for row in leased) and len(leased) == 2
+    with _relay(db, rabbit) as relay:
+        assert relay.drain() == 0  # leased: not ready, not due
+        assert db.scalar("SELECT count(*) FROM saga.outbox") == 2
+        wait_until(lambda: relay.promote_due() == 2, what="the lease to lapse")
+        assert relay.drain() == 2
+    assert sorted(_texts(rabbit.receive("notes", 2))) == ["a", "b"]
+    assert rabbit.queue_depth("notes") == 0
