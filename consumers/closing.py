@@ -6,7 +6,8 @@ their inbox rows; which of the rows leased earlier in the transaction are still 
 (a savepoint that rolled back took its rows with it, and they must not be published; the
 rows the saga engine's flush leased at the top level need no such check);
 the deletion of the rows this consumer published after earlier commits, and the count of
-the events among them that reached no subscriber. Run at the
+the events among them that reached no subscriber, unless the transaction's opening
+statement did both (it does whenever the batch has a delivery to open). Run at the
 top level of the transaction, after every savepoint, so nothing it writes rolls back
 short of the whole transaction.
 
@@ -49,17 +50,20 @@ class Closing:
         rows: Sequence[NewOutboxRow],
         replies: Sequence[tuple[UUID, OutgoingMessage]],
         leases: Leases | None,
+        opened: Settled,
     ) -> Settled:
         """Write ``rows`` and keep ``replies``; with ``leases``, leave in its ``written`` only
-        rows that will commit, delete its ``published`` and count its ``unrouted``. Returns
-        what of ``leases`` this records (to forget once the transaction commits)."""
+        rows that will commit, delete its ``published`` and count its ``unrouted`` beyond
+        what the transaction's opening statement settled (``opened``). Returns what of
+        ``leases`` the transaction records (to forget once it commits)."""
         if leases is None or any(held_back(row) for row in rows):
             # held back rows wait for their time, not for this consumer
             self.outbox.insert_rows(tx, [r for r in rows if leases is None or held_back(r)])
         now = [] if leases is None else [row for row in rows if not held_back(row)]
         earlier = [] if leases is None else leases.unconfirmed()
-        published = [] if leases is None else list(leases.published)
-        unrouted = [] if leases is None else list(leases.unrouted)
+        published = [] if leases is None else leases.published[opened.published :]
+        unrouted = [] if leases is None else leases.unrouted[opened.unrouted :]
+        settled = Settled(opened.published + len(published), opened.unrouted + len(unrouted))
         ctes: list[str] = []
         params: list[Any] = []
         selects: list[str] = []
@@ -84,10 +88,10 @@ class Closing:
         ctes += settling
         params += values
         if not ctes:
-            return Settled()
+            return settled
         statement = "WITH " + ",\n".join(ctes) + "\n" + ("\nUNION ALL\n".join(selects) or "SELECT")
         returned = tx.execute(statement, params, prepare=True).fetchall()
         if leases is not None and selects:
             leases.keep({row[0] for row in returned if row[1] is None})
             leases.add_written([row for row in returned if row[1] is not None])
-        return Settled(len(published), len(unrouted))
+        return settled

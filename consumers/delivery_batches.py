@@ -66,7 +66,7 @@ from saga.handlers.service import Service
 from saga.messaging.control import Ack
 from saga.messaging.dead_letters import DeadLetterStore
 from saga.messaging.envelope import COMMITTED_AT_HEADER, STEP_HEADER, Envelope
-from saga.messaging.leases import active_leases
+from saga.messaging.leases import Leases, Settled, active_leases
 from saga.messaging.outbox import NewOutboxRow, Outbox, OutgoingMessage
 from saga.messaging.signing import KeyRing
 from saga.observability import tracing
@@ -225,7 +225,7 @@ class DeliveryBatchProcessor:
             if self._in_batch and not alone and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
-            staged.fresh, staged.closed = self._open(conn, checked)
+            staged.fresh, staged.closed, opened = self._open(conn, checked, leases)
             self._answer_duplicates(conn, checked, staged.fresh)
             self._scope = self._open_scope(conn, checked, staged.fresh)
             items = list(zip(deliveries, checked, strict=True))
@@ -238,7 +238,7 @@ class DeliveryBatchProcessor:
                 with self._conflicts_end_the_batch(), standing:  # the top level: no savepoint
                     self._scope.flush(conn)
             settled = self.closing.close(
-                conn, self.service.name, staged.rows, staged.replies, leases
+                conn, self.service.name, staged.rows, staged.replies, leases, opened
             )
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
@@ -346,17 +346,25 @@ class DeliveryBatchProcessor:
         except Rejection as rejection:
             return rejection
 
-    def _open(self, tx: Tx, checked: list[Decoded | Rejection]) -> tuple[set[UUID], set[str]]:
+    def _open(
+        self, tx: Tx, checked: list[Decoded | Rejection], leases: Leases | None
+    ) -> tuple[set[UUID], set[str], Settled]:
         """Inbox rows for every decoded delivery, and the step-key locks of the forward
-        commands, in one statement: the ids not processed before, the closed step keys."""
+        commands, in one statement: the ids not processed before, the closed step keys.
+        The same statement settles what ``leases`` published after earlier commits (what
+        it recorded: to forget once the transaction commits)."""
         envelopes = [item.envelope for item in checked if isinstance(item, Decoded)]
         if not envelopes:
-            return set(), set()
+            return set(), set(), Settled()
         ids = [envelope.message_id for envelope in envelopes]
         keys = [envelope.step_key for envelope in envelopes]
+        published = [] if leases is None else list(leases.published)
+        unrouted = [] if leases is None else list(leases.unrouted)
+        settling = self.closing.relay_store.settling(published, unrouted)
         # the same message in another open batch, or a compensation of the same step in flight
         with self._conflicts_end_the_batch():
-            return self.inbox.open(tx, self.service.name, ids, keys)
+            fresh, closed = self.inbox.open(tx, self.service.name, ids, keys, settling)
+        return fresh, closed, Settled(len(published), len(unrouted))
 
     def _answer_duplicates(
         self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID]

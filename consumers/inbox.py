@@ -22,9 +22,10 @@ from saga.messaging.outbox import OutgoingMessage
 #: it reads in a snapshot taken after the locks are granted; see 0017_lone_delivery.sql).
 #: Rows of (message id, None) for each message not processed before, (None, step key) for
 #: each closed step. A batch sends its ids and keys as arrays; a delivery alone sends
-#: plain values (dumping arrays costs the client more than the statement).
+#: plain values (dumping arrays costs the client more than the statement). Writable CTEs
+#: of the caller's may come before it (:meth:`Inbox.open`'s ``before``).
 _OPEN = """
-WITH fresh AS (
+fresh AS (
     INSERT INTO {{schema}}.inbox (consumer, message_id)
     {rows}
     ON CONFLICT DO NOTHING
@@ -32,20 +33,22 @@ WITH fresh AS (
 )
 SELECT message_id, NULL::text FROM fresh
 UNION ALL
-SELECT NULL::uuid, closed FROM {{schema}}.closed_steps_locked(ARRAY({keys}), %(seed)s) AS closed
+SELECT NULL::uuid, closed FROM {{schema}}.closed_steps_locked(ARRAY({keys}), %s) AS closed
 """
 
+#: Parameters: consumer, ids, ids, step keys, lock seed.
 _OPEN_MANY = _OPEN.format(
-    rows="SELECT %(consumer)s, unnest(%(ids)b::uuid[])",
+    rows="SELECT %s, unnest(%b::uuid[])",
     keys="""
-        SELECT d.step_key FROM unnest(%(ids)b::uuid[], %(keys)b::text[]) AS d(message_id, step_key)
+        SELECT d.step_key FROM unnest(%b::uuid[], %b::text[]) AS d(message_id, step_key)
         JOIN fresh USING (message_id)
         WHERE d.step_key IS NOT NULL""",
 )
 
+#: Parameters: consumer, id, step key, step key, lock seed.
 _OPEN_ONE = _OPEN.format(
-    rows="VALUES (%(consumer)s, %(id)s)",
-    keys="SELECT %(key)s::text FROM fresh WHERE %(key)s::text IS NOT NULL",
+    rows="VALUES (%s, %s)",
+    keys="SELECT %s::text FROM fresh WHERE %s::text IS NOT NULL",
 )
 
 _FORGET = "DELETE FROM {schema}.inbox WHERE consumer = %s AND message_id = %s"
@@ -93,20 +96,24 @@ class Inbox:
         consumer: str,
         message_ids: list[UUID],
         step_keys: list[str | None],
+        before: tuple[Sequence[str], Sequence[Any]] = ((), ()),
     ) -> tuple[set[UUID], set[str]]:
         """Insert the inbox rows of ``message_ids`` (each with its forward command's step key,
         or None) in one statement; return the ids this consumer had not processed, and the
-        step keys among theirs whose steps were closed. Holds those keys' shared locks."""
-        params: dict[str, Any] = {"consumer": consumer, "seed": LOCK_SEED}
+        step keys among theirs whose steps were closed. Holds those keys' shared locks.
+        ``before``: writable CTEs (and their parameters) the statement runs too."""
+        ctes, values = before
         if len(message_ids) == 1:
             query = self._open_one
-            params.update(id=message_ids[0], key=step_keys[0])
+            key = step_keys[0]
+            params = [*values, consumer, message_ids[0], key, key, LOCK_SEED]
         else:
             query = self._open_many
-            params.update(ids=message_ids, keys=step_keys)
+            params = [*values, consumer, message_ids, message_ids, step_keys, LOCK_SEED]
+        statement = "WITH " + ",\n".join([*ctes, query])
         fresh: set[UUID] = set()
         closed: set[str] = set()
-        for message_id, key in tx.execute(query, params, prepare=True):
+        for message_id, key in tx.execute(statement, params, prepare=True):
             if message_id is not None:
                 fresh.add(message_id)
             else:

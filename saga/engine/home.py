@@ -68,7 +68,7 @@ class SagaHome:
         """After the saga's statement: hand over the messages it wrote (``messages``, which
         returned ``written``), or write ``rows`` now; then the dead letters."""
         if messages is not None:
-            self.outbox.take_written(tx, messages, written)
+            self.outbox.take_written(messages, written)
         else:
             self.outbox.insert_rows(tx, rows)
         for letter in letters:

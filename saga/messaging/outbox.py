@@ -33,7 +33,6 @@ _INSERT = """
 INSERT INTO {schema}.outbox
     (message_id, destination, message_type, saga_id, body, deliver_after)
 VALUES (%s, %s, %s, %s, %s, COALESCE(%s::timestamptz, now() + %s::interval))
-RETURNING id
 """
 
 #: Many rows in one statement: each column travels as one array.
@@ -45,8 +44,13 @@ SELECT message_id, destination, message_type, saga_id, body,
 FROM unnest(%b::uuid[], %b::text[], %b::text[], %b::uuid[], %b::bytea[], %b::timestamptz[],
             %b::interval[]) AS v(message_id, destination, message_type, saga_id, body, deliver_at,
                                  delay)
-RETURNING id
 """
+
+_RETURNING_ID = "RETURNING id"
+
+#: The same, with the relays' wake-up riding on the insert: an uncorrelated subquery runs
+#: once, so the NOTIFY costs no statement of its own (its parameter: the channel).
+_RETURNING_ID_WAKING = "RETURNING id, (SELECT pg_notify(%s, '')) IS NULL"
 
 #: Rows leased to their writer (:mod:`saga.messaging.leases`): the relays leave them alone
 #: until the lease ends; the insert hands back what publishing them takes.
@@ -69,6 +73,9 @@ RETURNING id, message_id, destination, message_type, body
 """
 
 _WAKE = "SELECT pg_notify(%s, '')"
+
+#: The end of an unleased insert, without and with the wake-up.
+_RETURNING = ((False, _RETURNING_ID), (True, _RETURNING_ID_WAKING))
 
 
 class NewOutboxRow(NamedTuple):
@@ -139,8 +146,12 @@ class Outbox:
             raise ValueError("max_message_bytes must be positive")
         self.max_message_bytes = max_message_bytes
         self.wake_interval = wake_interval
-        self._insert = render(_INSERT, self.schema)
-        self._insert_many = render(_INSERT_MANY, self.schema)
+        self._insert = {
+            wake: render(_INSERT, self.schema) + returning for wake, returning in _RETURNING
+        }
+        self._insert_many = {
+            wake: render(_INSERT_MANY, self.schema) + returning for wake, returning in _RETURNING
+        }
         self._insert_leased = render(_INSERT_LEASED, self.schema)
         self._insert_leased_one = render(_INSERT_LEASED_ONE, self.schema)
         self._channel = wake_channel(self.schema)
@@ -274,8 +285,6 @@ class Outbox:
         for query, params, leased in self._statements(rows, leases):
             returned = tx.execute(query, params, prepare=True).fetchall()
             ids += self._returned(returned, leases if leased else None)
-        if leases is None:
-            self.written(tx, ids)
         return ids
 
     def leased_insert(
@@ -300,13 +309,11 @@ class Outbox:
         query, params, leased = statements[0]
         return EmbeddedInsert(query, list(params), leased)
 
-    def take_written(self, tx: Tx, statement: EmbeddedInsert, returned: Sequence[Any]) -> None:
-        """What an :meth:`embedded_statement` returned: its rows leased to the active leases,
-        or, unleased, announced to the relays (:meth:`written`)."""
-        leases = active_leases() if statement.leased else None
-        ids = self._returned(returned, leases)
-        if leases is None:
-            self.written(tx, ids)
+    def take_written(self, statement: EmbeddedInsert, returned: Sequence[Any]) -> None:
+        """What an :meth:`embedded_statement` returned: its rows leased to the active leases
+        (unleased, the statement woke the relays itself)."""
+        if statement.leased:
+            self._returned(returned, active_leases())
 
     def written(self, tx: Tx, ids: Sequence[int]) -> None:
         """Announce outbox rows just written on ``tx`` by other means than :meth:`add`
@@ -321,8 +328,6 @@ class Outbox:
         for query, params, leased in self._statements(self.rows(messages), leases):
             cur = await tx.execute(query, params, prepare=True)
             ids += self._returned(await cur.fetchall(), leases if leased else None)
-        if ids and leases is None and self._should_wake():  # as :meth:`written`
-            await tx.execute(_WAKE, (self._channel,))
         return ids
 
     def _outgoing(
@@ -342,18 +347,21 @@ class Outbox:
     ) -> list[tuple[str, Sequence[Any], bool]]:
         """The inserts for ``rows``: (query, parameters, leased). Unleased: one statement, a
         plain prepared one for a single row (the usual case for an app's write), else one
-        multi-row statement with a column per array. Leased: the rows for now in one
-        leased statement, those held back apart."""
+        multi-row statement with a column per array; it wakes the relays (debounced: see
+        :meth:`_should_wake`). Leased: the rows for now in one leased statement, those held
+        back apart (they wait for their time, and wake nobody)."""
         if not rows:
             return []
         now = [] if leases is None else [r for r in rows if not held_back(r)]
         later = rows if leases is None else [r for r in rows if held_back(r)]
         statements: list[tuple[str, Sequence[Any], bool]] = []
+        wake = leases is None and self._should_wake()
+        woken = [self._channel] if wake else []
         if len(later) == 1:
-            statements.append((self._insert, later[0], False))
+            statements.append((self._insert[wake], [*later[0], *woken], False))
         elif later:
             columns = [list(column) for column in zip(*later, strict=True)]
-            statements.append((self._insert_many, columns, False))
+            statements.append((self._insert_many[wake], [*columns, *woken], False))
         if now:
             assert leases is not None
             statements.append((*self.leased_insert(now, leases.lease), True))

@@ -71,7 +71,8 @@ def test_a_reply_alone_moves_its_saga_in_one_statement_beside_the_inbox_and_the_
     """The saga's home handling a reply alone: BEGIN, the inbox row, the saga row read, the
     saga row with its step log and its next command (one statement), COMMIT. The three
     writes were three statements, and a closing statement checked that the command's row,
-    leased at the top level of the transaction, was still there."""
+    leased at the top level of the transaction, was still there; another deleted the rows
+    published after the commits before."""
     db.execute(EFFECTS_DDL)
     db.execute(
         sql.SQL("ALTER DATABASE {} SET log_statement = 'all'")  # type: ignore[arg-type]
@@ -93,3 +94,8 @@ def test_a_reply_alone_moves_its_saga_in_one_statement_beside_the_inbox_and_the_
     sqls = [s.sql for s in reply.statements]
     assert len(sqls) <= 5, sqls
     assert any("saga_instances" in s and "saga_steps" in s and "outbox" in s for s in sqls), sqls
+    # The last reply's transaction deletes the row of the command the first one published
+    # after its commit, in its opening statement: no statement of its own.
+    last = [s.sql for s in moving[-1].statements]
+    assert last[-1] == "COMMIT" and len(last) <= 5, last
+    assert any("fresh AS" in s and "DELETE FROM" in s for s in last), last

@@ -7,12 +7,15 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from psycopg import sql as psql
 from pydantic import BaseModel
 
+from bench.statement_log import log_window, parse
 from saga import MessageTooLarge, Outbox
 from saga.errors import InvalidIdentifier
 from saga.messaging.envelope import Envelope
-from tests.support.databases import TestDatabase, wake_hints
+from saga.messaging.outbox import OutgoingMessage
+from tests.support.databases import TestDatabase, wake_hints, with_database
 
 
 class OrderPlaced(BaseModel):
@@ -106,3 +109,32 @@ def test_wake_hint_is_debounced(db: TestDatabase) -> None:
 
     assert wake_hints(db, write) == 1
     assert db.scalar("SELECT count(*) FROM saga.outbox") == 10
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_write_wakes_the_relays_in_its_insert_with_no_statement_of_its_own(
+    db: TestDatabase, rows: int
+) -> None:
+    """An application's write is its insert alone between BEGIN and COMMIT, and the relays
+    are woken all the same (the NOTIFY rides on the insert)."""
+    outbox = Outbox(wake_interval=0.0)
+    db.execute(
+        psql.SQL("ALTER DATABASE {} SET log_statement = 'all'")  # type: ignore[arg-type]
+        .format(psql.Identifier(db.name))
+        .as_string()
+    )
+    messages = [
+        OutgoingMessage(outbox.envelope(OrderPlaced(order_id=str(i))), "billing")
+        for i in range(rows)
+    ]
+
+    def write() -> None:
+        with db.connect() as conn, conn.transaction():
+            outbox.add_many(conn, messages)
+
+    with log_window(with_database(db.url, "postgres"), [db.name]) as lines:
+        assert wake_hints(db, write) == 1
+    (written,) = [
+        t.statements for t in parse(lines) if any("INSERT INTO" in s.sql for s in t.statements)
+    ]
+    assert [s.sql.split(None, 1)[0] for s in written] == ["BEGIN", "INSERT", "COMMIT"], written
