@@ -111,6 +111,18 @@ class Delivery:
     unreadable: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """What a transaction's opening statement found: the ids not processed before, the
+    closed step keys, the documents the service read, what of earlier publishing it
+    settled."""
+
+    fresh: set[UUID] = field(default_factory=set)
+    closed: set[str] = field(default_factory=set)
+    read: list[Any] = field(default_factory=list)
+    settled: Settled = field(default_factory=Settled)
+
+
 @dataclass(slots=True)
 class _Staged:
     """What a batch keeps in memory until it commits (a segment that rolls back drops its part)."""
@@ -225,20 +237,28 @@ class DeliveryBatchProcessor:
             if self._in_batch and not alone and self.batch_lock_timeout_ms:
                 # A batch holds many rows' locks: give up waiting early, then go one by one.
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
-            staged.fresh, staged.closed, opened = self._open(conn, checked, leases)
+            opened = self._open(conn, checked, leases)
+            staged.fresh, staged.closed = opened.fresh, opened.closed
             self._answer_duplicates(conn, checked, staged.fresh)
-            self._scope = self._open_scope(conn, checked, staged.fresh)
+            self._scope = self._open_scope(conn, checked, staged.fresh, opened.read)
             items = list(zip(deliveries, checked, strict=True))
-            if failed is not None:
-                outcomes = self._after_failure(conn, items, failed)
-            else:
-                outcomes = self._handle_all(conn, items, alone)
+            writing = self.service.batch_writing
+            offered = (
+                writing.alone(opened.read)
+                if writing is not None and self._scope is None
+                else nullcontext()
+            )
+            with offered:
+                if failed is not None:
+                    outcomes = self._after_failure(conn, items, failed)
+                else:
+                    outcomes = self._handle_all(conn, items, alone)
             if self._scope is not None:
                 standing = nullcontext() if leases is None else leases.standing_writes()
                 with self._conflicts_end_the_batch(), standing:  # the top level: no savepoint
                     self._scope.flush(conn)
             settled = self.closing.close(
-                conn, self.service.name, staged.rows, staged.replies, leases, opened
+                conn, self.service.name, staged.rows, staged.replies, leases, opened.settled
             )
             fault_point("consumer.before_commit")
         fault_point("consumer.after_commit")
@@ -346,25 +366,27 @@ class DeliveryBatchProcessor:
         except Rejection as rejection:
             return rejection
 
-    def _open(
-        self, tx: Tx, checked: list[Decoded | Rejection], leases: Leases | None
-    ) -> tuple[set[UUID], set[str], Settled]:
+    def _open(self, tx: Tx, checked: list[Decoded | Rejection], leases: Leases | None) -> _Opened:
         """Inbox rows for every decoded delivery, and the step-key locks of the forward
         commands, in one statement: the ids not processed before, the closed step keys.
-        The same statement settles what ``leases`` published after earlier commits (what
-        it recorded: to forget once the transaction commits)."""
+        The same statement settles what ``leases`` published after earlier commits, and
+        reads what the service's batch writing names (:meth:`BatchWriting.reading`)."""
         envelopes = [item.envelope for item in checked if isinstance(item, Decoded)]
         if not envelopes:
-            return set(), set(), Settled()
+            return _Opened()
         ids = [envelope.message_id for envelope in envelopes]
         keys = [envelope.step_key for envelope in envelopes]
         published = [] if leases is None else list(leases.published)
         unrouted = [] if leases is None else list(leases.unrouted)
         settling = self.closing.relay_store.settling(published, unrouted)
+        writing = self.service.batch_writing
+        reading = None if writing is None else writing.reading(envelopes)
         # the same message in another open batch, or a compensation of the same step in flight
         with self._conflicts_end_the_batch():
-            fresh, closed = self.inbox.open(tx, self.service.name, ids, keys, settling)
-        return fresh, closed, Settled(len(published), len(unrouted))
+            fresh, closed, read = self.inbox.open(
+                tx, self.service.name, ids, keys, settling, reading
+            )
+        return _Opened(fresh, closed, read, Settled(len(published), len(unrouted)))
 
     def _answer_duplicates(
         self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID]
@@ -391,9 +413,10 @@ class DeliveryBatchProcessor:
             )
 
     def _open_scope(
-        self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID]
+        self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID], read: list[Any]
     ) -> StagedWrites | None:
-        """The service's batch scope, for a batch of several new deliveries (else None)."""
+        """The service's batch scope, for a batch of several new deliveries (else None),
+        given what the opening statement ``read`` for it."""
         writing = self.service.batch_writing
         if writing is None:
             return None
@@ -404,7 +427,7 @@ class DeliveryBatchProcessor:
         ]
         if len(envelopes) < 2:
             return None
-        return writing.open(tx, envelopes)
+        return writing.open(tx, envelopes, read)
 
     def _careful(
         self,

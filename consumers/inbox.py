@@ -20,10 +20,11 @@ from saga.messaging.outbox import OutgoingMessage
 #: A delivery's opening, in one statement: the inbox rows, then the shared step-key locks of
 #: the new forward commands and which of their steps are closed (a function of the schema:
 #: it reads in a snapshot taken after the locks are granted; see 0017_lone_delivery.sql).
-#: Rows of (message id, None) for each message not processed before, (None, step key) for
-#: each closed step. A batch sends its ids and keys as arrays; a delivery alone sends
-#: plain values (dumping arrays costs the client more than the statement). Writable CTEs
-#: of the caller's may come before it (:meth:`Inbox.open`'s ``before``).
+#: Rows of (message id, None, None) for each message not processed before, (None, step
+#: key, None) for each closed step, (None, None, document) for each row a service reads.
+#: A batch sends its ids and keys as arrays; a delivery alone sends plain values (dumping
+#: arrays costs the client more than the statement). Writable CTEs of the caller's may
+#: come before it (:meth:`Inbox.open`'s ``before``).
 _OPEN = """
 fresh AS (
     INSERT INTO {{schema}}.inbox (consumer, message_id)
@@ -31,10 +32,14 @@ fresh AS (
     ON CONFLICT DO NOTHING
     RETURNING message_id
 )
-SELECT message_id, NULL::text FROM fresh
+SELECT message_id, NULL::text, NULL::jsonb FROM fresh
 UNION ALL
-SELECT NULL::uuid, closed FROM {{schema}}.closed_steps_locked(ARRAY({keys}), %s) AS closed
+SELECT NULL::uuid, closed, NULL::jsonb
+FROM {{schema}}.closed_steps_locked(ARRAY({keys}), %s) AS closed
 """
+
+#: Rows the service's handlers will need, read in the same statement (after the rest).
+_READ = "\nUNION ALL\nSELECT NULL::uuid, NULL::text, document FROM (%s) AS read(document)"
 
 #: Parameters: consumer, ids, ids, step keys, lock seed.
 _OPEN_MANY = _OPEN.format(
@@ -97,11 +102,13 @@ class Inbox:
         message_ids: list[UUID],
         step_keys: list[str | None],
         before: tuple[Sequence[str], Sequence[Any]] = ((), ()),
-    ) -> tuple[set[UUID], set[str]]:
+        reading: tuple[str, Sequence[Any]] | None = None,
+    ) -> tuple[set[UUID], set[str], list[Any]]:
         """Insert the inbox rows of ``message_ids`` (each with its forward command's step key,
-        or None) in one statement; return the ids this consumer had not processed, and the
-        step keys among theirs whose steps were closed. Holds those keys' shared locks.
-        ``before``: writable CTEs (and their parameters) the statement runs too."""
+        or None) in one statement; return the ids this consumer had not processed, the
+        step keys among theirs whose steps were closed, and the documents ``reading`` (a
+        query of one jsonb column, and its parameters) read. Holds those keys' shared
+        locks. ``before``: writable CTEs (and their parameters) the statement runs too."""
         ctes, values = before
         if len(message_ids) == 1:
             query = self._open_one
@@ -111,14 +118,21 @@ class Inbox:
             query = self._open_many
             params = [*values, consumer, message_ids, message_ids, step_keys, LOCK_SEED]
         statement = "WITH " + ",\n".join([*ctes, query])
+        if reading is not None:
+            read_query, read_values = reading
+            statement += _READ.replace("%s", read_query)
+            params += read_values
         fresh: set[UUID] = set()
         closed: set[str] = set()
-        for message_id, key in tx.execute(statement, params, prepare=True):
+        documents: list[Any] = []
+        for message_id, key, document in tx.execute(statement, params, prepare=True):
             if message_id is not None:
                 fresh.add(message_id)
-            else:
+            elif key is not None:
                 closed.add(key)
-        return fresh, closed
+            else:
+                documents.append(document)
+        return fresh, closed, documents
 
     def forget(self, tx: Tx, consumer: str, message_id: UUID) -> None:
         """Drop the row of a message that was not processed after all (retried or dead-lettered)."""

@@ -22,7 +22,7 @@ from saga.db.sql import AsyncTx, Tx
 from saga.engine.definition import LocalAction, Saga
 from saga.engine.event_waits import EventDelivery, EventWaits
 from saga.engine.home import SagaHome
-from saga.engine.staged_writes import StagedSagaWrites
+from saga.engine.staged_writes import StagedSagaWrites, opened_record
 from saga.engine.staleness import (
     awaits,
     awaits_reply,
@@ -310,8 +310,11 @@ class Orchestrator:
         )
 
     def _read(self, tx: Tx, saga_id: UUID, batch: StagedSagaWrites | None) -> SagaRecord | None:
-        """The saga's row: from the batch's read (a copy), or read now."""
-        return batch.record(tx, saga_id) if batch is not None else self.store.load(tx, saga_id)
+        """The saga's row: from the batch's read (a copy), as the delivery's opening statement
+        read it, or read now."""
+        if batch is not None:
+            return batch.record(tx, saga_id)
+        return opened_record(saga_id) or self.store.load(tx, saga_id)
 
     def _load(self, tx: Tx, saga_id: UUID, batch: StagedSagaWrites | None) -> SagaRecord:
         record = self._read(tx, saga_id, batch)

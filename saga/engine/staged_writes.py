@@ -1,24 +1,29 @@
 """The sagas one batch of orchestrator deliveries touches: read at once, written at once.
 
 For a batch of replies (and timers, signals, resumes) the orchestrator reads every
-saga row the batch names in one statement, applies each delivery's transition to
-its own copy of the record (two deliveries for one saga apply in order, the
-second on the first's result), and stages what they decided. :meth:`StagedSagaWrites.flush`
-then writes every changed row (each guarded by the version it was read at), every
-step-log entry and every outgoing message in one statement. A delivery whose
-handler fails stages nothing, so the batch writes only what the committed
-deliveries decided.
+saga row the batch names in one statement (the consumer's opening one, which also
+writes the inbox rows; a delivery alone gets its saga's row the same way), applies
+each delivery's transition to its own copy of the record (two deliveries for one
+saga apply in order, the second on the first's result), and stages what they
+decided. :meth:`StagedSagaWrites.flush` then writes every changed row (each guarded
+by the version it was read at), every step-log entry and every outgoing message in
+one statement. A delivery whose handler fails stages nothing, so the batch writes
+only what the committed deliveries decided.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from typing import Any
 from uuid import UUID
 
 from saga.db.sql import Tx
 from saga.engine.home import SagaHome
 from saga.engine.state import SagaRecord, StepLogEntry
+from saga.engine.store import records_of_documents
 from saga.engine.transition_results import TransitionResult
 from saga.messaging.dead_letters import DeadLetter
 from saga.messaging.envelope import Envelope
@@ -73,9 +78,10 @@ class StagedSagaWrites:
         del self._log[mark.log :], self._outgoing[mark.outgoing :]
         del self._letters[mark.letters :], self._ended[mark.ended :]
 
-    def read_all(self, tx: Tx, saga_ids: Sequence[UUID]) -> None:
-        """Read the rows of ``saga_ids`` in one statement, for :meth:`record` to hand out."""
-        self._read.update(self.home.store.load_many(tx, saga_ids))
+    def take(self, records: dict[UUID, SagaRecord]) -> None:
+        """Rows read for this batch (by the delivery's opening statement), for :meth:`record`
+        to hand out."""
+        self._read.update(records)
 
     def record(self, tx: Tx, saga_id: UUID) -> SagaRecord | None:
         """A copy of the saga's latest state in this batch (read now if it was not yet).
@@ -125,12 +131,40 @@ class StagedSagaWrites:
 
 
 class SagaBatchWriting:
-    """Opens a :class:`StagedSagaWrites` for each batch of the orchestrator's deliveries."""
+    """Reads the sagas a transaction's deliveries name in its opening statement, and opens
+    a :class:`StagedSagaWrites` for each batch of the orchestrator's deliveries."""
 
     def __init__(self, home: SagaHome) -> None:
         self.home = home
 
-    def open(self, tx: Tx, envelopes: Sequence[Envelope]) -> StagedSagaWrites:
+    def reading(self, envelopes: Sequence[Envelope]) -> tuple[str, list[Any]] | None:
+        """The rows of the sagas ``envelopes`` name, as one jsonb column (None: they name
+        none)."""
+        saga_ids = list({e.saga_id for e in envelopes if e.saga_id is not None})
+        return self.home.store.documents_read(saga_ids) if saga_ids else None
+
+    def open(self, tx: Tx, envelopes: Sequence[Envelope], read: Sequence[Any]) -> StagedSagaWrites:
         batch = StagedSagaWrites(self.home)
-        batch.read_all(tx, list({e.saga_id for e in envelopes if e.saga_id is not None}))
+        batch.take(records_of_documents(read))
         return batch
+
+    @contextmanager
+    def alone(self, read: Sequence[Any]) -> Iterator[None]:
+        """While a delivery with no batch scope is handled: the rows its opening statement
+        read, each handed out once by :func:`opened_record`."""
+        token = _opened.set(records_of_documents(read))
+        try:
+            yield
+        finally:
+            _opened.reset(token)
+
+
+#: The saga rows the opening statement of the transaction at hand read, not handed out yet.
+_opened: ContextVar[dict[UUID, SagaRecord] | None] = ContextVar("saga_rows_opened", default=None)
+
+
+def opened_record(saga_id: UUID) -> SagaRecord | None:
+    """The saga's row as the opening statement of the delivery being handled read it, the
+    first time it is asked for (None after, or when it read none: read the row then)."""
+    opened = _opened.get()
+    return None if opened is None else opened.pop(saga_id, None)

@@ -51,6 +51,14 @@ RETURNING id
 
 _LOAD_MANY = "SELECT " + _COLUMNS + " FROM {schema}.saga_instances WHERE id = ANY(%b::uuid[])"
 
+#: The same rows as documents (one jsonb column), for a statement of the caller's to read
+#: beside its own work: a delivery's opening statement (:meth:`SagaStore.documents_read`).
+_DOCUMENTS = "SELECT to_jsonb(s) FROM {schema}.saga_instances AS s WHERE s.id = ANY(%b::uuid[])"
+
+#: The columns of a row's document that are not JSON types, and how to read them back.
+_UUID_FIELDS = ("id", "pending_message_id")
+_INSTANT_FIELDS = ("started_at", "updated_at", "step_started_at", "finished_at")
+
 #: Every saga a batch changed, in one statement: the rows travel as one JSON array. The
 #: ids again as an array, so that the sagas are found by their key: the planner guesses
 #: 100 rows for any jsonb_to_recordset and, without ``id = ANY(...)``, hash-joined them
@@ -251,6 +259,7 @@ class SagaStore:
         self._load = render(_LOAD, schema)
         self._update = render(_UPDATE, schema)
         self._load_many = render(_LOAD_MANY, schema)
+        self._documents = render(_DOCUMENTS, schema)
         self._update_many = render(_UPDATE_MANY, schema)
         self._log = render(_LOG, schema)
         self._log_many = render(_LOG_MANY, schema)
@@ -283,6 +292,12 @@ class SagaStore:
         cur = tx.cursor(row_factory=dict_row)
         rows = cur.execute(self._load_many, (list(saga_ids),), prepare=True).fetchall()
         return {row["id"]: _record(row) for row in rows}
+
+    def documents_read(self, saga_ids: Sequence[UUID]) -> tuple[str, list[Any]]:
+        """A query of one jsonb column, the rows of those of ``saga_ids`` that exist (for
+        :func:`records_of_documents`), and its parameters: to run inside a statement of the
+        caller's."""
+        return self._documents, [list(saga_ids)]
 
     def update_many_statement(self, records: Sequence[SagaRecord]) -> tuple[str, list[Any]]:
         """The statement (and its parameters) :meth:`save_steps` writes several ``records``
@@ -537,6 +552,20 @@ def _record(row: dict[str, Any]) -> SagaRecord:
         failed_step=row["failed_step"],
         step_state=row["step_state"],
     )
+
+
+def records_of_documents(documents: Sequence[dict[str, Any]]) -> dict[UUID, SagaRecord]:
+    """The records, by id, of rows a :meth:`SagaStore.documents_read` query returned."""
+    records = {}
+    for document in documents:
+        row = dict(document)
+        for key in _UUID_FIELDS:
+            row[key] = None if row[key] is None else UUID(row[key])
+        for key in _INSTANT_FIELDS:
+            row[key] = None if row[key] is None else datetime.fromisoformat(row[key])
+        record = _record(row)
+        records[record.id] = record
+    return records
 
 
 def _row_document(record: SagaRecord) -> dict[str, Any]:

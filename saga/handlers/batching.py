@@ -20,7 +20,8 @@ handles the delivery again, guarded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from saga.db.sql import Tx
 from saga.messaging.envelope import Envelope
@@ -46,6 +47,22 @@ class StagedWrites(Protocol):
 
 
 class BatchWriting(Protocol):
-    """Opens the scope of a batch, given the envelopes it will handle."""
+    """What a service reads in a transaction's opening statement, and the scope of a batch.
 
-    def open(self, tx: Tx, envelopes: Sequence[Envelope]) -> StagedWrites: ...
+    :meth:`reading` names rows the deliveries' handlers will need: the consumer runtime
+    reads them in the statement that writes the inbox rows (no statement of their own)
+    and hands them to :meth:`open`, for a batch of several new deliveries, or to
+    :meth:`alone` around the handling of a delivery with no scope."""
+
+    def reading(self, envelopes: Sequence[Envelope]) -> tuple[str, list[Any]] | None:
+        """A query of one jsonb column (and its parameters) whose rows the handlers of
+        ``envelopes`` will need, to run inside the opening statement (None: none)."""
+        ...
+
+    def open(self, tx: Tx, envelopes: Sequence[Envelope], read: Sequence[Any]) -> StagedWrites:
+        """The scope of a batch of ``envelopes``, given what :meth:`reading` returned."""
+        ...
+
+    def alone(self, read: Sequence[Any]) -> AbstractContextManager[None]:
+        """What :meth:`reading` returned, offered to the handlers while the context runs."""
+        ...

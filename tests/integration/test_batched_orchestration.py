@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from saga import HandlerContext, Saga, SagaRegistry, Service, StepFailed, Tx
 from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
-from saga.engine.store import SagaStore
+from saga.engine.store import SagaStore, records_of_documents
 from saga.errors import BatchConflict
 from saga.handlers.retry import RetryPolicy
 from saga.messaging.control import Signal
@@ -132,9 +132,9 @@ def test_a_batch_of_replies_costs_fewer_statements_than_deliveries(db: TestDatab
 
     assert outcomes == [DeliveryOutcome.HANDLED] * 12
     assert set(_statuses(db).values()) == {("running", "approve")}
-    # lock timeout, inbox, read the sagas, the segment's savepoint, and the sagas with
+    # lock timeout, inbox with the sagas read, the segment's savepoint, and the sagas with
     # their log and their timeout timers in one statement
-    assert statements == 5
+    assert statements == 4
     assert db.scalar("SELECT count(*) FROM saga.saga_steps WHERE outcome = 'skipped'") == 12
     assert len(_outbox(db, "orders")) == 12  # each wait's timeout, in one insert
 
@@ -147,8 +147,8 @@ def test_local_steps_in_a_batch_share_their_segment_s_savepoint(db: TestDatabase
 
     assert outcomes == [DeliveryOutcome.HANDLED] * 12
     assert set(_statuses(db).values()) == {("running", "approve")}
-    # the five of a batch, then each saga's local step: its insert alone
-    assert statements == 5 + 12
+    # the four of a batch, then each saga's local step: its insert alone
+    assert statements == 4 + 12
     assert db.scalar("SELECT count(*) FROM public.effects WHERE kind = 'record'") == 12
 
 
@@ -158,7 +158,8 @@ def test_one_delivery_alone_is_written_directly(db: TestDatabase) -> None:
     outcomes, statements = _handle(db, [reply])
     assert outcomes == [DeliveryOutcome.HANDLED]
     assert _statuses(db) == {"alone": ("running", "approve")}
-    assert statements == 3  # inbox, read, the row with its log and timer: no savepoint
+    # inbox with the saga's row read, the row with its log and timer: no savepoint
+    assert statements == 2
 
 
 def test_a_failing_local_step_spoils_only_its_own_saga(db: TestDatabase) -> None:
@@ -254,3 +255,25 @@ def test_a_batch_writes_its_sagas_found_by_key_however_many_there_are(
 def _saga_id(db: TestDatabase, order_id: str) -> UUID:
     query = "SELECT id FROM saga.saga_instances WHERE data->>'order_id' = %s"
     return UUID(str(db.scalar(query, (order_id,))))
+
+
+def test_a_saga_row_read_as_a_document_is_the_record_a_plain_read_gives(
+    db: TestDatabase,
+) -> None:
+    """The rows a delivery's opening statement reads come back as jsonb documents: every
+    field must come back as the plain read gives it (ids, instants, arrays, JSON, NULLs),
+    for a running saga and a finished one, whatever the session's time zone."""
+    _start(db, [Order(order_id="d1"), Order(order_id="d2")])
+    db.execute(
+        "UPDATE saga.saga_instances SET status = 'compensated', finished_at = now(), "
+        "step_state = '{\"k\": [1, 2]}', last_error = 'no', pending_message_id = NULL, "
+        "completed_steps = ARRAY['a', 'b'] WHERE data->>'order_id' = 'd2'"
+    )
+    store = SagaStore("saga")
+    ids = [_saga_id(db, "d1"), _saga_id(db, "d2")]
+    with psycopg.connect(db.url) as conn:
+        conn.execute("SET TIME ZONE 'America/St_Johns'")  # an offset of -03:30
+        query, params = store.documents_read(ids)
+        documents = [row[0] for row in conn.execute(query, params)]
+        assert records_of_documents(documents) == store.load_many(conn, ids)
+    assert len(documents) == 2
