@@ -110,7 +110,7 @@ class RelayStore:
         self._probe = render(_PROBE, schema)
         self._outbox = f"{schema}.outbox"
         self._delete = render(_DELETE, schema)
-        self.events = EventRecords(schema)
+        self._events = EventRecords(schema)
         self._defer = render(_DEFER, schema)
         self._release = render(_RELEASE, schema)
         self._quarantine = render(_QUARANTINE, schema)
@@ -144,7 +144,7 @@ class RelayStore:
             ctes.append(f"gone AS ({self._delete})")
             params.append(list(published))
         if unrouted:
-            query, values = self.events.unrouted_counted(unrouted)
+            query, values = self._events.unrouted_counted(unrouted)
             ctes.append(f"counted AS ({query})")
             params += values
         return ctes, params
