@@ -82,6 +82,12 @@ def _literal(value: str) -> str:
     return f"E'{escaped}'"
 
 
+def _compared_with_ids(sql: str, placeholder: int) -> bool:
+    """Whether ``$placeholder`` in ``sql`` stands for row ids: ``id = $n`` or
+    ``id = ANY($n ...)``."""
+    return re.search(rf"\bid\s*=\s*(?:ANY\s*\(\s*)?\${placeholder}(?!\d)", sql) is not None
+
+
 def _control(statement: str) -> bool:
     word = statement.split(None, 1)[0].upper().rstrip(";") if statement else ""
     return word in ("BEGIN", "START", "COMMIT", "END", "ROLLBACK")
@@ -140,9 +146,14 @@ class _Script:
             if value is None:
                 rendered.append(f"NULL{cast}")
             else:
-                # an outbox row's id is a bigint: an integer of another type (an attempt
-                # number in the same statement) is left as it is
-                ids = outbox and type_ in ("bigint", "bigint[]", "", "unknown")
+                # an outbox row's id is a bigint compared with an ``id`` column: an integer
+                # of another type (an attempt number) or another use (the counts of the
+                # unrouted events beside a delete of rows) is left as it is
+                ids = (
+                    outbox
+                    and type_ in ("bigint", "bigint[]", "", "unknown")
+                    and _compared_with_ids(statement.sql, i + 1)
+                )
                 text = self._text(value, ids)
                 rendered.append(f"({text}){cast}" if cast else text)
         text = _PLACEHOLDER.sub(lambda m: rendered[int(m[1]) - 1], statement.sql)
