@@ -240,7 +240,7 @@ class DeliveryBatchProcessor:
             opened = self._open(conn, checked, leases)
             staged.fresh, staged.closed = opened.fresh, opened.closed
             self._answer_duplicates(conn, checked, staged.fresh)
-            self._scope = self._open_scope(conn, checked, staged.fresh, opened.read)
+            self._scope = self._open_scope(checked, staged.fresh, opened.read)
             items = list(zip(deliveries, checked, strict=True))
             writing = self.service.batch_writing
             offered = (
@@ -413,7 +413,7 @@ class DeliveryBatchProcessor:
             )
 
     def _open_scope(
-        self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID], read: list[Any]
+        self, checked: list[Decoded | Rejection], fresh: set[UUID], read: list[Any]
     ) -> StagedWrites | None:
         """The service's batch scope, for a batch of several new deliveries (else None),
         given what the opening statement ``read`` for it."""
@@ -427,7 +427,7 @@ class DeliveryBatchProcessor:
         ]
         if len(envelopes) < 2:
             return None
-        return writing.open(tx, envelopes, read)
+        return writing.open(envelopes, read)
 
     def _careful(
         self,

@@ -59,7 +59,7 @@ class BatchWriting(Protocol):
         ``envelopes`` will need, to run inside the opening statement (None: none)."""
         ...
 
-    def open(self, tx: Tx, envelopes: Sequence[Envelope], read: Sequence[Any]) -> StagedWrites:
+    def open(self, envelopes: Sequence[Envelope], read: Sequence[Any]) -> StagedWrites:
         """The scope of a batch of ``envelopes``, given what :meth:`reading` returned."""
         ...
 
