@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -233,11 +233,8 @@ class DeliveryBatchProcessor:
             # what a transaction rolled back before this one leased; a failure in one with
             # no savepoint rolls it all back (LoneDeliveryFailed)
             leases.forget_written(alone and failed is None and not tracing.records_spans())
-        with conn.transaction():
-            if self._in_batch and not alone and self.batch_lock_timeout_ms:
-                # A batch holds many rows' locks: give up waiting early, then go one by one.
-                conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
-            opened = self._open(conn, checked, leases)
+        with ExitStack() as transaction:
+            opened = self._begin(conn, transaction, checked, leases, lock_timeout=not alone)
             staged.fresh, staged.closed = opened.fresh, opened.closed
             self._answer_duplicates(conn, checked, staged.fresh)
             self._scope = self._open_scope(checked, staged.fresh, opened.read)
@@ -366,14 +363,43 @@ class DeliveryBatchProcessor:
         except Rejection as rejection:
             return rejection
 
-    def _open(self, tx: Tx, checked: list[Decoded | Rejection], leases: Leases | None) -> _Opened:
-        """Inbox rows for every decoded delivery, and the step-key locks of the forward
-        commands, in one statement: the ids not processed before, the closed step keys.
-        The same statement settles what ``leases`` published after earlier commits, and
-        reads what the service's batch writing names (:meth:`BatchWriting.reading`)."""
+    def _begin(
+        self,
+        conn: psycopg.Connection[Any],
+        transaction: ExitStack,
+        checked: list[Decoded | Rejection],
+        leases: Leases | None,
+        *,
+        lock_timeout: bool,
+    ) -> _Opened:
+        """Begin the transaction (entered on ``transaction``) with its opening statement
+        (and a batch's lock timeout between them when ``lock_timeout``), pipelined on an
+        autocommit connection (the worker's): BEGIN costs no round trip of its own. A
+        connection that is not autocommit sends its own BEGIN first, and then a savepoint
+        stands for the transaction when the caller's is in progress."""
+        pipelined = conn.pipeline() if conn.autocommit else nullcontext()
+        # the same message in another open batch, or a compensation of the same step in flight
+        with self._conflicts_end_the_batch(), pipelined:
+            # not conn.transaction(): begun in a pipeline, it keeps one open to its end
+            transaction.enter_context(psycopg.Transaction(conn))
+            if self._in_batch and lock_timeout and self.batch_lock_timeout_ms:
+                # A batch holds many rows' locks: give up waiting early, then go one by one.
+                conn.execute(f"SET LOCAL lock_timeout = {int(self.batch_lock_timeout_ms)}")
+            opening = self._open(conn, checked, leases)
+        return opening()
+
+    def _open(
+        self, tx: Tx, checked: list[Decoded | Rejection], leases: Leases | None
+    ) -> Callable[[], _Opened]:
+        """Send the opening statement: inbox rows for every decoded delivery, and the
+        step-key locks of the forward commands. The same statement settles what ``leases``
+        published after earlier commits, and reads what the service's batch writing names
+        (:meth:`BatchWriting.reading`). Returns what reads its result once the pipeline it
+        was sent in has synced: the ids not processed before, the closed step keys, the
+        documents read."""
         envelopes = [item.envelope for item in checked if isinstance(item, Decoded)]
         if not envelopes:
-            return _Opened()
+            return _Opened
         ids = [envelope.message_id for envelope in envelopes]
         keys = [envelope.step_key for envelope in envelopes]
         published = [] if leases is None else list(leases.published)
@@ -381,12 +407,15 @@ class DeliveryBatchProcessor:
         settling = self.closing.relay_store.settling(published, unrouted)
         writing = self.service.batch_writing
         reading = None if writing is None else writing.reading(envelopes)
-        # the same message in another open batch, or a compensation of the same step in flight
-        with self._conflicts_end_the_batch():
-            fresh, closed, read = self.inbox.open(
-                tx, self.service.name, ids, keys, settling, reading
-            )
-        return _Opened(fresh, closed, read, Settled(len(published), len(unrouted)))
+        statement, params = self.inbox.opening(self.service.name, ids, keys, settling, reading)
+        cursor = tx.execute(statement, params, prepare=True)
+        settled = Settled(len(published), len(unrouted))
+
+        def opened() -> _Opened:
+            fresh, closed, read = self.inbox.opened(cursor)
+            return _Opened(fresh, closed, read, settled)
+
+        return opened
 
     def _answer_duplicates(
         self, tx: Tx, checked: list[Decoded | Rejection], fresh: set[UUID]

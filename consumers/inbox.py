@@ -8,7 +8,7 @@ was not lost after all arrives twice and is skipped by the saga's own inbox.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -24,7 +24,7 @@ from saga.messaging.outbox import OutgoingMessage
 #: key, None) for each closed step, (None, None, document) for each row a service reads.
 #: A batch sends its ids and keys as arrays; a delivery alone sends plain values (dumping
 #: arrays costs the client more than the statement). Writable CTEs of the caller's may
-#: come before it (:meth:`Inbox.open`'s ``before``).
+#: come before it (:meth:`Inbox.opening`'s ``before``).
 _OPEN = """
 fresh AS (
     INSERT INTO {{schema}}.inbox (consumer, message_id)
@@ -95,20 +95,19 @@ class Inbox:
         self._keep_reply = render(_KEEP_REPLY, schema)
         self._answer_again = render(_ANSWER_AGAIN, schema)
 
-    def open(
+    def opening(
         self,
-        tx: Tx,
         consumer: str,
         message_ids: list[UUID],
         step_keys: list[str | None],
         before: tuple[Sequence[str], Sequence[Any]] = ((), ()),
         reading: tuple[str, Sequence[Any]] | None = None,
-    ) -> tuple[set[UUID], set[str], list[Any]]:
-        """Insert the inbox rows of ``message_ids`` (each with its forward command's step key,
-        or None) in one statement; return the ids this consumer had not processed, the
-        step keys among theirs whose steps were closed, and the documents ``reading`` (a
-        query of one jsonb column, and its parameters) read. Holds those keys' shared
-        locks. ``before``: writable CTEs (and their parameters) the statement runs too."""
+    ) -> tuple[str, list[Any]]:
+        """The statement (and its parameters) inserting the inbox rows of ``message_ids``
+        (each with its forward command's step key, or None) and holding those keys' shared
+        locks; :meth:`opened` reads what it returns. ``before``: writable CTEs (and their
+        parameters) the statement runs too; ``reading``: a query of one jsonb column (and
+        its parameters) whose documents it returns as well."""
         ctes, values = before
         if len(message_ids) == 1:
             query = self._open_one
@@ -122,10 +121,17 @@ class Inbox:
             read_query, read_values = reading
             statement += _READ.replace("%s", read_query)
             params += read_values
+        return statement, params
+
+    @staticmethod
+    def opened(rows: Iterable[tuple[Any, ...]]) -> tuple[set[UUID], set[str], list[Any]]:
+        """What an :meth:`opening` statement returned: the ids this consumer had not
+        processed, the step keys among theirs whose steps were closed, and the documents
+        its ``reading`` read."""
         fresh: set[UUID] = set()
         closed: set[str] = set()
         documents: list[Any] = []
-        for message_id, key, document in tx.execute(statement, params, prepare=True):
+        for message_id, key, document in rows:
             if message_id is not None:
                 fresh.add(message_id)
             elif key is not None:

@@ -216,7 +216,7 @@ class Worker:
     def _connect(self) -> None:
         self._close()
         try:
-            self._db = self.options.database.connect(self.database_url, autocommit=False)
+            self._db = self.options.database.connect(self.database_url, autocommit=True)
         except psycopg.OperationalError as exc:
             raise ConnectionError(redact_text(str(exc), self._secret)) from None
         for hook in self.service.connect_hooks:
@@ -445,8 +445,7 @@ class Worker:
         db = self._db
         try:
             assert db is not None
-            with db.transaction():
-                self._relay_store.release(db, ids)
+            self._relay_store.release(db, ids)  # one statement: a transaction of its own
         except psycopg.Error:  # the relays take them when their lease ends
             logger.debug("releasing %d leased row(s) failed", len(ids), exc_info=True)
 
@@ -457,8 +456,7 @@ class Worker:
         db = self._db
         if not (leases.published or leases.unrouted) or db is None:
             return
-        with db.transaction():
-            self._relay_store.settle(db, leases.published, leases.unrouted)
+        self._relay_store.settle(db, leases.published, leases.unrouted)
         leases.published.clear()
         leases.unrouted.clear()
 

@@ -9,13 +9,18 @@ framework commands, and publishing the reply after commit none at all.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from psycopg import sql
 from pydantic import BaseModel
 
 from bench.lone_delivery import split
 from bench.statement_log import log_window, parse
 from saga import Saga, SagaRegistry
+from saga.consumers import Delivery, DeliveryBatchProcessor, DeliveryOutcome
 from saga.messaging.envelope import IDEMPOTENCY_KEY_HEADER, Envelope
+from saga.messaging.leases import Leases, leasing
 from tests.support.brokers import TestBroker
 from tests.support.databases import TestDatabase, with_database
 from tests.support.running import running_service, saga_system_running
@@ -101,3 +106,31 @@ def test_a_reply_alone_reads_its_saga_with_the_inbox_and_moves_it_in_one_stateme
     last = [s.sql for s in moving[-1].statements]
     assert last[-1] == "COMMIT" and len(last) <= 4, last
     assert any("fresh AS" in s and "DELETE FROM" in s for s in last), last
+
+
+def test_a_lone_delivery_begins_with_its_opening_statement_in_one_round_trip(
+    db: TestDatabase, tmp_path: Path
+) -> None:
+    """On an autocommit connection (a worker's), BEGIN goes to the server in one pipeline
+    with the opening statement: a delivery alone waits on the server four times (BEGIN
+    and the opening statement, the handler's statement, the closing statement with its
+    reply, COMMIT), where BEGIN had a round trip of its own. Counted from the protocol
+    messages the client library traced: each wait ends with the server's ReadyForQuery.
+    A first delivery prepares the statements (preparing costs round trips once)."""
+    db.execute(EFFECTS_DDL)
+    processor = DeliveryBatchProcessor(service)
+    traced = tmp_path / "protocol.trace"
+    outcomes = []
+    with db.connect() as conn, leasing(Leases()), traced.open("w") as trace:
+        for key in ("warm", "trips"):
+            command = Envelope.wrap(
+                Ping(key=key), reply_to=REPLIES, headers={IDEMPOTENCY_KEY_HEADER: f"step-{key}"}
+            )
+            if key == "trips":
+                conn.pgconn.trace(trace.fileno())
+            outcomes += processor.process(conn, [Delivery(command.to_bytes(), JSON)])
+        conn.pgconn.untrace()
+    assert outcomes == [DeliveryOutcome.HANDLED] * 2
+    assert db.scalar("SELECT count(*) FROM effects WHERE key = 'trips'") == 1
+    protocol = traced.read_text()
+    assert len(re.findall(r"\tB\t\d+\tReadyForQuery\t", protocol)) == 4, protocol
