@@ -449,14 +449,10 @@ class DeliveryBatchProcessor:
         writing = self.service.batch_writing
         if writing is None:
             return None
-        envelopes = [
-            item.envelope
-            for item in checked
-            if isinstance(item, Decoded) and item.envelope.message_id in fresh
-        ]
-        if len(envelopes) < 2:
-            return None
-        return writing.open(envelopes, read)
+        new = sum(
+            1 for item in checked if isinstance(item, Decoded) and item.envelope.message_id in fresh
+        )
+        return writing.open(read) if new >= 2 else None
 
     def _careful(
         self,

@@ -143,7 +143,7 @@ class SagaBatchWriting:
         saga_ids = list({e.saga_id for e in envelopes if e.saga_id is not None})
         return self.home.store.documents_read(saga_ids) if saga_ids else None
 
-    def open(self, envelopes: Sequence[Envelope], read: Sequence[Any]) -> StagedSagaWrites:
+    def open(self, read: Sequence[Any]) -> StagedSagaWrites:
         batch = StagedSagaWrites(self.home)
         batch.take(records_of_documents(read))
         return batch

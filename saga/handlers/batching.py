@@ -59,8 +59,8 @@ class BatchWriting(Protocol):
         ``envelopes`` will need, to run inside the opening statement (None: none)."""
         ...
 
-    def open(self, envelopes: Sequence[Envelope], read: Sequence[Any]) -> StagedWrites:
-        """The scope of a batch of ``envelopes``, given what :meth:`reading` returned."""
+    def open(self, read: Sequence[Any]) -> StagedWrites:
+        """The scope of a batch, given what :meth:`reading` returned for its envelopes."""
         ...
 
     def alone(self, read: Sequence[Any]) -> AbstractContextManager[None]:
