@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import tempfile
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -296,6 +298,7 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
                 idle_e2e, sequential_e2e = saga_e2e.end_to_end_alternating(
                     bench, 1.0, args.idle_sagas, create_order_v2, create_order_v1
                 )
+            group = _group_cost(bench, idle_e2e, sequential_e2e)
             rss = bench.consumer_rss_mb()
             grown = None
             if args.growth_rows:
@@ -325,6 +328,10 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
         "half_cpu_per_saga_ratio": round(cpu_ratio, 3),
         "e2e_sequential_idle_ms_p50": sequential_e2e.duration_ms["p50"],
         "parallel_e2e_ratio": round(parallel_ratio, 3),
+        "sequential_stock_step_ms_p50": group.stock_ms,
+        "sequential_credit_step_ms_p50": group.credit_ms,
+        "parallel_group_ms_p50": group.group_ms,
+        "parallel_e2e_ratio_floor": round(group.floor, 3),
     }
     rows = [
         (
@@ -356,6 +363,15 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
             "(target: at most 0.8)",
         ),
         (
+            "the reservations of the idle sagas above: v2's group against v1's steps",
+            f"group p50 {group.group_ms:,.1f} ms; v1: stock {group.stock_ms:,.1f} ms, "
+            f"then credit {group.credit_ms:,.1f} ms",
+            f"the group costs {group.group_ms - group.stock_ms:,.1f} ms more than the stock "
+            f"step alone; a group costing nothing more would give a ratio of "
+            f"{group.floor:.2f}, and 0.8 needs it within "
+            f"{group.allowance(0.8):,.1f} ms of one step (step log, started_at to finished_at)",
+        ),
+        (
             f"order saga end to end, half load ({half.sagas_per_s:,.0f} sagas/s)",
             _durations(half_e2e),
             f"{half_e2e.duration_ms['p50'] / idle_e2e.duration_ms['p50']:.1f}x idle p50, "
@@ -383,6 +399,43 @@ def _sagas(args: argparse.Namespace, figures: Figures) -> list[Row]:
             )
         )
     return rows
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """The order saga's reservations, idle: p50s in milliseconds, from the step log, of v2's
+    parallel group (stock and credit at once) and of v1's two steps (stock, then credit),
+    beside v1's whole saga."""
+
+    group_ms: float
+    stock_ms: float
+    credit_ms: float
+    sequential_ms: float
+
+    @property
+    def floor(self) -> float:
+        """v2 ÷ v1 were the group to cost no more than its stock step alone (the saga's
+        other steps as they were): v1 without its credit step."""
+        return (self.sequential_ms - self.credit_ms) / self.sequential_ms
+
+    def allowance(self, ratio: float) -> float:
+        """How much more than the stock step alone the group may cost for v2 ÷ v1 to be
+        ``ratio``: what it saves (the credit step) less what the ratio gives up."""
+        return self.credit_ms - (1 - ratio) * self.sequential_ms
+
+
+def _group_cost(
+    bench: saga_e2e.Bench, parallel: saga_e2e.EndToEnd, sequential: saga_e2e.EndToEnd
+) -> GroupCost:
+    def p50(batch: str, *steps: str) -> float:
+        return round(statistics.median(bench.step_durations_ms(batch, steps)), 2)
+
+    return GroupCost(
+        group_ms=p50(parallel.batch, "reserve_stock", "reserve_credit"),
+        stock_ms=p50(sequential.batch, "reserve_stock"),
+        credit_ms=p50(sequential.batch, "reserve_credit"),
+        sequential_ms=sequential.duration_ms["p50"],
+    )
 
 
 def _latency(m: saga_e2e.Measurement) -> str:

@@ -63,6 +63,8 @@ class EndToEnd:
     #: ``finished_at - started_at`` of each saga, in milliseconds: p50, p99.
     duration_ms: dict[str, float]
     measurement: Measurement
+    #: The order-id prefix of the sagas measured (:meth:`Bench.step_durations_ms`).
+    batch: str
 
 
 def end_to_end(
@@ -98,7 +100,7 @@ def _read(bench: Bench, batch: str, rate: float, sagas: int, measured: Measureme
     durations = bench.durations_ms(batch)
     if len(durations) != sagas:
         raise RuntimeError(f"{len(durations)} sagas of batch {batch} found, {sagas} started")
-    return EndToEnd(rate, sagas, _exact_percentiles(durations), measured)
+    return EndToEnd(rate, sagas, _exact_percentiles(durations), measured, batch)
 
 
 class Bench:
@@ -240,6 +242,21 @@ class Bench:
                 "FROM saga.saga_instances "
                 "WHERE data->>'order_id' LIKE %s || '-%%' AND finished_at IS NOT NULL",
                 (batch,),
+            ).fetchall()
+        return [float(row[0]) for row in rows]
+
+    def step_durations_ms(self, batch: str, steps: tuple[str, ...]) -> list[float]:
+        """How long each saga of ``batch`` spent in ``steps`` (the step log's ``started_at``
+        of the first to ``finished_at`` of the last: one step, or the members of a parallel
+        group), in milliseconds, one figure per saga that went through all of them."""
+        with self.system.connect("orders") as conn:
+            rows = conn.execute(
+                "SELECT extract(epoch FROM max(s.finished_at) - min(s.started_at)) * 1000 "
+                "FROM saga.saga_steps s JOIN saga.saga_instances i ON i.id = s.saga_id "
+                "WHERE i.data->>'order_id' LIKE %s || '-%%' AND s.step = ANY(%s) "
+                "AND s.phase = 'forward' AND s.outcome = 'succeeded' "
+                "GROUP BY s.saga_id HAVING count(DISTINCT s.step) = %s",
+                (batch, list(steps), len(steps)),
             ).fetchall()
         return [float(row[0]) for row in rows]
 
