@@ -258,6 +258,8 @@ class Bench:
                 "GROUP BY s.saga_id HAVING count(DISTINCT s.step) = %s",
                 (batch, list(steps), len(steps)),
             ).fetchall()
+        if not rows:
+            raise RuntimeError(f"no saga of batch {batch} went through {', '.join(steps)}")
         return [float(row[0]) for row in rows]
 
     def _new_orders(self, orders: int, saga: Saga[OrderData] = create_order) -> list[OrderData]:
