@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import psycopg
+
 from bench import report, saga_e2e
-from bench.environment import machine
+from bench.environment import ADMIN_URL, machine
 from bench.run import GroupCost
 from saga.examples.order_saga.orders import create_order_v1, create_order_v2
 
@@ -183,8 +185,8 @@ def read(bench: saga_e2e.Bench, v2_batch: str, v1_batch: str) -> Timeline:
     )
 
 
-def check_commit_timestamps(bench: saga_e2e.Bench) -> None:
-    with bench.system.connect("orders") as conn:
+def check_commit_timestamps() -> None:
+    with psycopg.connect(ADMIN_URL) as conn:
         row = conn.execute("SHOW track_commit_timestamp").fetchone()
     if not row or row[0] != "on":
         raise SystemExit(
@@ -199,10 +201,10 @@ def main() -> None:
     parser.add_argument("--sagas", type=int, default=60, help="sagas of each version")
     parser.add_argument("--rate", type=float, default=1.0, help="sagas a second, in all")
     args = parser.parse_args()
+    check_commit_timestamps()
     with tempfile.TemporaryDirectory() as logs:
         bench = saga_e2e.Bench(Path(logs))
         try:
-            check_commit_timestamps(bench)
             for saga in (create_order_v2, create_order_v1):  # warm up
                 bench.measure(60, rate=20, saga=saga)
             v2, v1 = saga_e2e.end_to_end_alternating(
