@@ -36,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the database URL goes through a transaction pooler (no prepared statements)",
     )
+    parser.add_argument(
+        "--outage-seconds",
+        type=float,
+        default=120.0,
+        help="give up when the database stays unavailable this long",
+    )
     args = parser.parse_args(argv)
     access = POOLED_POLLING if args.behind_pooler else DIRECT
     orders = workload.make_orders(
@@ -43,11 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     pause = args.seconds / max(len(orders), 1)
     submitted = 0
+    outage_since: float | None = None
     while submitted < len(orders):
         try:
             # autocommit: each order commits on its own (an implicit transaction around the
             # whole loop would hold every order until the end, and lose them on a restart)
             with access.connect(args.database_url, connect_timeout=5, autocommit=True) as conn:
+                outage_since = None
                 done = _already_started(conn)  # a restarted driver picks up where it was
                 while submitted < len(orders):
                     order = orders[submitted]
@@ -57,8 +65,17 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(pause)
                     submitted += 1
         except psycopg.OperationalError as exc:  # the database restarted: carry on after it
+            now = time.monotonic()
+            outage_since = now if outage_since is None else outage_since
+            if now - outage_since > args.outage_seconds:
+                print(
+                    f"driver: database unavailable for {args.outage_seconds:.0f}s "
+                    f"({type(exc).__name__}); giving up after {submitted} orders",
+                    flush=True,
+                )
+                return 1
             print(f"driver: database unavailable ({type(exc).__name__}); retrying", flush=True)
-            time.sleep(0.5)
+            time.sleep(0.5)  # the next connection attempt, within the deadline above
     print(f"driver: submitted {submitted} orders", flush=True)
     return 0
 
